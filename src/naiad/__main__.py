@@ -1,0 +1,5 @@
+"""`python -m naiad` runs the command line."""
+
+from naiad.cli.main import main
+
+raise SystemExit(main())

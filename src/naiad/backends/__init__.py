@@ -1,0 +1,1 @@
+"""Backends: one module per framework behind the Backend/ModelInstance protocols."""

@@ -1,0 +1,1 @@
+"""Command line: `naiad serve` (tritonserver's flag names) and friends."""

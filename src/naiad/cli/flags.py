@@ -1,0 +1,104 @@
+"""tritonserver-compatible flags -> ServerConfig; nothing else lives here."""
+
+from __future__ import annotations
+
+import argparse
+
+from naiad.config.server_config import ServerConfig
+
+
+def parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def parse_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a byte count, got '{text}'") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+    parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text)
+
+
+def add_serve_flags(parser: argparse.ArgumentParser) -> None:
+    d = ServerConfig()
+    parser.add_argument("--model-repository", "--model-store", action="append", default=[], dest="model_repository",
+                        metavar="PATH", help="model repository directory (repeatable)")
+    parser.add_argument("--id", default=d.server_id, help="server identifier reported by /v2")
+    _bool_flag(parser, "--allow-http", d.allow_http, "serve HTTP/REST")
+    parser.add_argument("--http-address", default=d.http_address)
+    parser.add_argument("--http-port", type=int, default=d.http_port, help="0 picks a free port")
+    parser.add_argument("--http-max-input-size", type=parse_size, default=d.http_max_input_size,
+                        help="largest accepted HTTP request body, in bytes (default 64 MiB)")
+    _bool_flag(parser, "--allow-grpc", d.allow_grpc, "serve gRPC")
+    parser.add_argument("--grpc-address", default=d.grpc_address)
+    parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="0 picks a free port")
+    _bool_flag(parser, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
+    parser.add_argument("--metrics-address", default=d.metrics_address)
+    parser.add_argument("--metrics-port", type=int, default=d.metrics_port, help="0 picks a free port")
+    parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode)
+    parser.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                        help="model to load at start in explicit mode ('*' = all)")
+    _bool_flag(parser, "--strict-model-config", d.strict_model_config, "disable config auto-complete")
+    _bool_flag(parser, "--disable-auto-complete-config", False, "same as --strict-model-config=true")
+    _bool_flag(parser, "--strict-readiness", d.strict_readiness, "ready only when every model is ready")
+    _bool_flag(parser, "--exit-on-error", d.exit_on_error, "exit when a model fails to load at start")
+    parser.add_argument("--model-config-name", default="", help="use configs/<name>.pbtxt when present")
+    parser.add_argument("--repository-poll-secs", type=float, default=d.repository_poll_secs)
+    parser.add_argument("--model-load-thread-count", type=int, default=d.model_load_thread_count)
+    parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE")
+    _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
+    parser.add_argument("--exit-timeout-secs", type=float, default=d.exit_timeout_secs)
+    parser.add_argument("--log-verbose", type=int, default=d.log_verbose)
+
+
+def _backend_config(entries: list[str]) -> dict[str, dict[str, str]]:
+    result: dict[str, dict[str, str]] = {}
+    for entry in entries:
+        head, _, setting = entry.rpartition(",")
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--backend-config expects [<backend>,]<key>=<value>, got '{entry}'")
+        result.setdefault(head, {})[key] = value
+    return result
+
+
+def config_from_args(args: argparse.Namespace) -> ServerConfig:
+    if not args.model_repository:
+        raise SystemExit("--model-repository is required")
+    return ServerConfig(
+        model_repositories=list(args.model_repository),
+        server_id=args.id,
+        allow_http=args.allow_http,
+        http_address=args.http_address,
+        http_port=args.http_port,
+        http_max_input_size=args.http_max_input_size,
+        allow_grpc=args.allow_grpc,
+        grpc_address=args.grpc_address,
+        grpc_port=args.grpc_port,
+        allow_metrics=args.allow_metrics,
+        metrics_address=args.metrics_address,
+        metrics_port=args.metrics_port,
+        model_control_mode=args.model_control_mode,
+        load_models=list(args.load_model),
+        strict_model_config=args.strict_model_config or args.disable_auto_complete_config,
+        strict_readiness=args.strict_readiness,
+        exit_on_error=args.exit_on_error,
+        model_config_name=args.model_config_name,
+        repository_poll_secs=args.repository_poll_secs,
+        model_load_thread_count=args.model_load_thread_count,
+        backend_config=_backend_config(args.backend_config),
+        allow_client_shm=args.allow_client_shm,
+        exit_timeout_secs=args.exit_timeout_secs,
+        log_verbose=args.log_verbose,
+    )

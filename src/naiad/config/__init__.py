@@ -1,0 +1,1 @@
+"""Server settings and model configuration (config.pbtxt) handling."""

@@ -1,0 +1,1 @@
+"""The Server facade, model lifecycle, request validation and response building."""

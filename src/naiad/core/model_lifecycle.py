@@ -1,0 +1,279 @@
+"""Model lifecycle: load, reload, unload, version routing, states and the repository index."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from naiad.backends.registry import BackendRegistry
+from naiad.config.model_config import ConfigError
+from naiad.config.server_config import ServerConfig
+from naiad.core.model_loader import PreparedModel, create_instances, prepare_model
+from naiad.core.model_version import ModelVersion
+from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
+from naiad.repository.local import ModelLocation, directory_fingerprint, scan_repositories, version_directories
+
+log = logging.getLogger("naiad.lifecycle")
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass
+class VersionState:
+    state: str
+    reason: str = ""
+    model: ModelVersion | None = None
+
+
+@dataclass
+class ModelRecord:
+    """What the server knows of one model name."""
+
+    name: str
+    versions: dict[int, VersionState] = field(default_factory=dict)
+    fingerprint: tuple | None = None
+    config_override: str | None = None
+    override_dir: Path | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def ready(self) -> dict[int, ModelVersion]:
+        return {v: s.model for v, s in self.versions.items() if s.state == READY and s.model is not None}
+
+
+def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
+    """Materialise `file:<version>/<path>` overrides in a temporary model directory, refusing traversal."""
+    root = Path(tempfile.mkdtemp(prefix="naiad-override-"))
+    model_dir = root / name
+    model_dir.mkdir()
+    for key, content in files.items():
+        relative = key[5:] if key.startswith("file:") else key
+        parts = PurePosixPath(relative).parts
+        if not parts or relative.startswith("/") or any(p in ("..", "") for p in parts) or "\\" in relative:
+            shutil.rmtree(root, ignore_errors=True)
+            raise invalid_arg(f"invalid file override path '{key}' for model '{name}'")
+        target = model_dir.joinpath(*parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)
+    return model_dir
+
+
+class ModelLifecycle:
+    """All model records of one server; loads run on a bounded thread pool, routing on the loop."""
+
+    def __init__(self, settings: ServerConfig, backends: BackendRegistry) -> None:
+        self.settings = settings
+        self.backends = backends
+        self.records: dict[str, ModelRecord] = {}
+        self._executor = ThreadPoolExecutor(max_workers=max(settings.model_load_thread_count, 1), thread_name_prefix="naiad-load")
+
+    # ------------------------------------------------------------ lookups
+
+    def scan(self) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
+        return scan_repositories(self.settings.model_repositories)
+
+    def lookup(self, name: str, version: str = "") -> ModelVersion:
+        """The version serving a request: the given one, else the highest READY one."""
+        record = self.records.get(name)
+        if record is None or not record.versions:
+            raise not_found(f"Request for unknown model: '{name}' is not found")
+        ready = record.ready()
+        if version:
+            if not version.isdigit():
+                raise invalid_arg(f"failed to parse model version '{version}' for model '{name}'")
+            model = ready.get(int(version))
+            if model is None:
+                raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
+            return model
+        if not ready:
+            raise not_found(f"Request for unknown model: '{name}' has no available versions")
+        return ready[max(ready)]
+
+    def version_known(self, name: str, version: str) -> VersionState | None:
+        record = self.records.get(name)
+        if record is None or not version.isdigit():
+            return None
+        return record.versions.get(int(version))
+
+    def all_ready(self) -> bool:
+        for record in self.records.values():
+            for state in record.versions.values():
+                if state.state == READY:
+                    continue
+                if state.state == UNAVAILABLE and state.reason == "unloaded":
+                    continue
+                return False
+        return True
+
+    def index(self, ready_only: bool = False) -> list[dict]:
+        locations, duplicates = self.scan()
+        names = sorted(set(locations) | set(duplicates) | set(self.records))
+        entries: list[dict] = []
+        for name in names:
+            record = self.records.get(name)
+            if record is None or not record.versions:
+                if not ready_only:
+                    entries.append({"name": name})
+                continue
+            for version, state in sorted(record.versions.items()):
+                if ready_only and state.state != READY:
+                    continue
+                entry = {"name": name, "version": str(version), "state": state.state}
+                if state.reason:
+                    entry["reason"] = state.reason
+                entries.append(entry)
+        return entries
+
+    # ------------------------------------------------------------ load / unload
+
+    async def load_all(self, names: list[str] | None = None) -> list[str]:
+        """Load models in parallel (bounded by the loader pool); returns the failure messages."""
+        locations, duplicates = self.scan()
+        for name, dirs in duplicates.items():
+            record = self.records.setdefault(name, ModelRecord(name))
+            reason = f"model '{name}' appears in more than one model repository: {[str(d) for d in dirs]}"
+            record.versions = {1: VersionState(UNAVAILABLE, reason)}
+            log.error(reason)
+        wanted = sorted(locations) if names is None else names
+        results = await asyncio.gather(*(self.load(n) for n in wanted), return_exceptions=True)
+        failures = []
+        for result in results:
+            if isinstance(result, BaseException):
+                failures.append(getattr(result, "message", str(result)))
+        return failures
+
+    async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load or reload `name`; on failure previously READY versions keep serving."""
+        if files and config_override is None:
+            raise invalid_arg(f"failed to load '{name}': the 'config' parameter is required when 'file:' overrides are given")
+        record = self.records.setdefault(name, ModelRecord(name))
+        async with record.lock:
+            await self._load_locked(record, config_override, files)
+
+    async def _load_locked(self, record: ModelRecord, config_override: str | None, files: dict[str, bytes] | None) -> None:
+        name = record.name
+        loop = asyncio.get_running_loop()
+        if files:
+            model_dir = _write_override_files(name, files)
+        else:
+            locations, duplicates = self.scan()
+            if name in duplicates:
+                raise invalid_arg(f"failed to load '{name}': model appears in more than one model repository")
+            location = locations.get(name)
+            if location is None:
+                if not record.versions:
+                    self.records.pop(name, None)
+                raise internal(f"failed to load '{name}', failed to poll from model repository")
+            model_dir = location.path
+        fingerprint = directory_fingerprint(model_dir)
+        if (
+            not files
+            and config_override is None
+            and record.ready()
+            and record.fingerprint == fingerprint
+            and record.override_dir is None
+        ):
+            return  # nothing changed: Triton treats this load as a no-op
+        if config_override is None and not files and record.override_dir is None:
+            config_override = record.config_override  # an override stays in force across reloads
+        for version in version_directories(model_dir) or {1: None}:
+            current = record.versions.get(version)
+            if current is None or current.state != READY:
+                record.versions[version] = VersionState(LOADING)
+        try:
+            prepared: PreparedModel = await loop.run_in_executor(
+                self._executor, prepare_model, name, model_dir, self.settings, self.backends, config_override
+            )
+        except (ConfigError, OSError, ValueError) as exc:
+            self._mark_failed(record, model_dir, str(exc))
+            raise self._load_error(record) from None
+        new_versions: dict[int, ModelVersion] = {}
+        failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
+        for version in sorted(prepared.versions):
+            try:
+                instances = await loop.run_in_executor(
+                    self._executor, create_instances, prepared, version, self.settings, self.backends
+                )
+                new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances)
+            except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
+                failed[version] = str(exc) or type(exc).__name__
+                log.error("failed to load '%s' version %d: %s", name, version, failed[version])
+        old = {v: s.model for v, s in record.versions.items() if s.model is not None}
+        # Switch routing: new versions become READY; versions no longer served are drained and closed.
+        states: dict[int, VersionState] = {}
+        for version, model in new_versions.items():
+            states[version] = VersionState(READY, "", model)
+            log.info("successfully loaded '%s' version %d", name, version)
+        for version, reason in failed.items():
+            previous = record.versions.get(version)
+            if previous is not None and previous.model is not None and previous.state == READY and version not in new_versions:
+                states[version] = previous  # a failed reload keeps the old version serving
+                old.pop(version, None)
+            else:
+                states[version] = VersionState(UNAVAILABLE, reason)
+        for version, previous in record.versions.items():
+            if version not in states and previous.model is not None:
+                states[version] = VersionState(UNAVAILABLE, "unloaded")
+        record.versions = states
+        record.fingerprint = fingerprint
+        record.config_override = config_override
+        if record.override_dir is not None and record.override_dir != model_dir and files:
+            shutil.rmtree(record.override_dir.parent, ignore_errors=True)
+        record.override_dir = model_dir if files else None
+        await asyncio.gather(*(self._retire(m) for m in old.values()))
+        if failed:
+            raise self._load_error(record, failed)
+
+    def _mark_failed(self, record: ModelRecord, model_dir: Path, reason: str) -> None:
+        log.error("failed to load '%s': %s", record.name, reason)
+        versions = version_directories(model_dir) or {1: model_dir}
+        for version in versions:
+            previous = record.versions.get(version)
+            if previous is not None and previous.state == READY and previous.model is not None:
+                continue
+            record.versions[version] = VersionState(UNAVAILABLE, reason)
+        for version, state in record.versions.items():
+            if state.state == LOADING:
+                record.versions[version] = VersionState(UNAVAILABLE, reason)
+
+    def _load_error(self, record: ModelRecord, failed: dict[int, str] | None = None) -> NaiadError:
+        lines = []
+        for version, state in sorted(record.versions.items()):
+            if failed is not None and version not in failed:
+                continue
+            if state.state == UNAVAILABLE or failed is not None:
+                reason = failed[version] if failed is not None else state.reason
+                lines.append(f"version {version} is at UNAVAILABLE state: {reason};\n")
+        return NaiadError(ErrorCode.INVALID_ARG, f"load failed for model '{record.name}': " + "".join(lines))
+
+    async def _retire(self, model: ModelVersion) -> None:
+        """Let in-flight requests of a replaced/unloaded version finish, then free it."""
+        while model.scheduler.inflight() > 0:
+            await asyncio.sleep(0.005)
+        await model.close()
+
+    async def unload(self, name: str) -> None:
+        record = self.records.get(name)
+        if record is None:
+            return
+        async with record.lock:
+            serving = {v: s for v, s in record.versions.items() if s.model is not None}
+            for state in serving.values():
+                state.state = UNLOADING
+            await asyncio.gather(*(self._retire(s.model) for s in serving.values() if s.model is not None))
+            for version in record.versions:
+                record.versions[version] = VersionState(UNAVAILABLE, "unloaded")
+            record.fingerprint = None
+            record.config_override = None
+            if record.override_dir is not None:
+                shutil.rmtree(record.override_dir.parent, ignore_errors=True)
+                record.override_dir = None
+            log.info("successfully unloaded '%s'", name)
+
+    async def unload_all(self) -> None:
+        await asyncio.gather(*(self.unload(n) for n in list(self.records)), return_exceptions=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,130 @@
+"""Builds a model's effective config and its instances (blocking work, run off the event loop)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import InstanceSpec, ModelInstance, ModelSource
+from naiad.backends.registry import BackendRegistry, BackendUnavailable
+from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
+from naiad.config.model_config import ConfigError, load_config_file, parse_config_json
+from naiad.config.server_config import ServerConfig
+from naiad.config.validation import validate_config
+from naiad.repository.local import config_file, version_directories
+from naiad.runtime.devices import gpu_count
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PreparedModel:
+    """A model's effective config and the versions its policy selects."""
+
+    config: mc.ModelConfig
+    model_dir: Path
+    versions: dict[int, Path]  # selected version -> directory (missing specific versions absent)
+    missing_versions: list[int]
+
+
+def select_versions(config: mc.ModelConfig, available: dict[int, Path]) -> tuple[dict[int, Path], list[int]]:
+    """Apply version_policy: latest N (default 1), all, or specific (missing ones reported)."""
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return dict(available), []
+    if which == "specific":
+        wanted = list(dict.fromkeys(policy.specific.versions))
+        return {v: available[v] for v in wanted if v in available}, [v for v in wanted if v not in available]
+    count = policy.latest.num_versions if which == "latest" and policy.latest.num_versions > 0 else 1
+    chosen = sorted(available)[-count:]
+    return {v: available[v] for v in chosen}, []
+
+
+def prepare_model(
+    name: str,
+    model_dir: Path,
+    settings: ServerConfig,
+    backends: BackendRegistry,
+    config_override: str | None = None,
+) -> PreparedModel:
+    """Read (or take) the config, auto-complete it from the model file, fill defaults, validate."""
+    text = ""
+    if config_override is not None:
+        source = f"config override for '{name}'"
+        config = parse_config_json(config_override, source)
+    else:
+        path = config_file(model_dir, settings.model_config_name)
+        if path is None:
+            source = str(model_dir / "config.pbtxt")
+            config = mc.ModelConfig()
+        else:
+            source = str(path)
+            text = path.read_text(encoding="utf-8", errors="replace")
+            config = load_config_file(path)
+    if config.name and config.name != name:
+        raise ConfigError(f"{source}: field 'name': '{config.name}' does not match the model directory name '{name}'")
+    config.name = name
+    available = version_directories(model_dir)
+    highest = available[max(available)] if available else None
+    resolve_backend(config, highest)
+    if not available:
+        raise ConfigError(f"model '{name}' has no version directory (e.g. {model_dir}/1/)")
+    if not config.default_model_filename and config.platform != "ensemble":
+        config.default_model_filename = default_model_filename(config)
+    if not settings.strict_model_config and config.platform != "ensemble":
+        try:
+            backend = backends.get(config.backend)
+        except BackendUnavailable as exc:
+            raise ConfigError(str(exc)) from None
+        default_mbs = int(settings.backend_setting(config.backend, "default-max-batch-size", "4") or 4)
+        model_file = _model_file(config, model_dir, highest)
+        if model_file.exists():
+            backend.auto_complete_config(config, model_file, default_mbs)
+    fill_defaults(config)
+    fill_instance_groups(config, gpu_count())
+    validate_config(config, source, text)
+    versions, missing = select_versions(config, available)
+    return PreparedModel(config, model_dir, versions, missing)
+
+
+def _model_file(config: mc.ModelConfig, model_dir: Path, version_dir: Path | None) -> Path:
+    assert version_dir is not None
+    return version_dir / config.default_model_filename
+
+
+def instance_specs(config: mc.ModelConfig) -> list[InstanceSpec]:
+    """One spec per instance: `count` per group, per GPU for KIND_GPU groups."""
+    specs: list[InstanceSpec] = []
+    for group in config.instance_group:
+        devices = list(group.gpus) if group.kind == mc.ModelInstanceGroup.KIND_GPU else [0]
+        for device in devices:
+            for k in range(group.count):
+                specs.append(InstanceSpec(f"{group.name}_{k}", group, group.kind, device))
+    return specs
+
+
+def create_instances(prepared: PreparedModel, version: int, settings: ServerConfig, backends: BackendRegistry) -> list[ModelInstance]:
+    """Create every instance of one version; a failure closes the ones already made."""
+    config = prepared.config
+    version_dir = prepared.versions[version]
+    model_file = version_dir / config.default_model_filename
+    if not model_file.exists():
+        raise ConfigError(f"unable to find '{model_file}' for model '{config.name}' version {version}")
+    try:
+        backend = backends.get(config.backend)
+    except BackendUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+    source = ModelSource(config, version, prepared.model_dir, version_dir, model_file, settings.backend_config.get(config.backend, {}))
+    made: list[ModelInstance] = []
+    try:
+        for spec in instance_specs(config):
+            made.append(backend.create_instance(source, spec))
+    except Exception:
+        for inst in made:
+            inst.close()
+        raise
+    return made

@@ -1,0 +1,88 @@
+"""A loaded model version: its config tables, instances, scheduler and statistics."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import ModelInstance
+from naiad.config.model_config import datatype_name, scheduler_kind
+from naiad.observability.statistics import ModelStatistics
+from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+from naiad.scheduling.base import Scheduler
+from naiad.scheduling.direct import DirectScheduler
+from naiad.scheduling.dynamic_batcher import DynamicBatcher
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A config input/output as the request path needs it."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None
+    optional: bool = False
+    labels: tuple[str, ...] = ()
+
+
+def _reshape(tensor) -> tuple[int, ...] | None:
+    return tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
+
+
+def _labels(model_dir: Path, filename: str) -> tuple[str, ...]:
+    if not filename:
+        return ()
+    path = model_dir / filename
+    try:
+        return tuple(line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines())
+    except OSError as exc:
+        raise ValueError(f"unable to read label file '{path}': {exc}") from None
+
+
+class ModelVersion:
+    """Everything needed to serve one version; created on the event loop after instances exist."""
+
+    def __init__(self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list[ModelInstance]) -> None:
+        self.config = config
+        self.name = config.name
+        self.version = version
+        self.version_str = str(version)
+        self.max_batch_size = config.max_batch_size
+        self.decoupled = config.model_transaction_policy.decoupled
+        self.inputs = {
+            t.name: TensorSpec(t.name, datatype_name(t.data_type), tuple(t.dims), _reshape(t), t.optional)
+            for t in config.input
+        }
+        self.outputs = {
+            t.name: TensorSpec(
+                t.name, datatype_name(t.data_type), tuple(t.dims), _reshape(t), labels=_labels(model_dir, t.label_filename)
+            )
+            for t in config.output
+        }
+        self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
+        self.stats = ModelStatistics(self.name, self.version_str)
+        self.pool = InstancePool([ThreadInstance(i) for i in instances])
+        self.scheduler = self._make_scheduler()
+
+    def _make_scheduler(self) -> Scheduler:
+        if scheduler_kind(self.config) == "dynamic_batching":
+            batching = self.config.dynamic_batching
+            return DynamicBatcher(
+                self.pool,
+                self.stats,
+                self.max_batch_size,
+                list(batching.preferred_batch_size),
+                batching.max_queue_delay_microseconds,
+            )
+        return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)
+
+    async def close(self) -> None:
+        """Stop the scheduler (waits for running batches) and release the instances."""
+        await self.scheduler.stop()
+        self.pool.close()

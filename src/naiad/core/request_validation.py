@@ -1,0 +1,98 @@
+"""Checks a decoded request against the model config (Triton's messages) and shapes it for the model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from naiad.core.model_version import ModelVersion, TensorSpec
+from naiad.protocol.errors import invalid_arg, request_prefix
+from naiad.protocol.types import InferenceRequest
+from naiad.scheduling.base import WorkItem
+
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended "
+    "to each input shape. If you want to specify the full shape including the batch dim in your input dims "
+    "config, try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+)
+
+
+def _fmt(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _shape_matches(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
+    return len(expected) == len(got) and all(e == -1 or e == g for e, g in zip(expected, got))
+
+
+def _model_facing(array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndarray:
+    """Apply `reshape`: the backend sees reshape.shape (after the batch dim) instead of dims."""
+    if spec.reshape is None:
+        return array
+    lead = array.shape[:1] if batched else ()
+    target = list(spec.reshape)
+    if target.count(-1) > 1:
+        # Variable reshape dims take the values of the input's variable dims, in order.
+        variable = iter(d for d, e in zip(array.shape[len(lead):], spec.dims) if e == -1)
+        target = [next(variable, 1) if d == -1 else d for d in target]
+    return array.reshape(tuple(lead) + tuple(target))
+
+
+def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem:
+    """Return the WorkItem for a valid request, or raise INVALID_ARG with Triton's message."""
+    prefix = request_prefix(request.id)
+    name = model.name
+    batched = model.max_batch_size > 0
+    seen: set[str] = set()
+    inputs: dict[str, np.ndarray] = {}
+    batch_size = 1
+    for inp in request.inputs:
+        spec = model.inputs.get(inp.name)
+        if spec is None:
+            raise invalid_arg(f"{prefix}unexpected inference input '{inp.name}' for model '{name}'")
+        if inp.name in seen:
+            raise invalid_arg(f"{prefix}input '{inp.name}' already exists in request")
+        seen.add(inp.name)
+        if inp.datatype != spec.datatype:
+            raise invalid_arg(
+                f"{prefix}inference input '{inp.name}' data-type is '{inp.datatype}', but model '{name}' expects "
+                f"'{spec.datatype}'"
+            )
+        shape = tuple(inp.shape)
+        expected = ((-1,) + spec.dims) if batched else spec.dims
+        if not _shape_matches(expected, shape):
+            note = f" {_BATCH_NOTE}" if batched and len(shape) != len(expected) else ""
+            raise invalid_arg(
+                f"{prefix}unexpected shape for input '{inp.name}' for model '{name}'. Expected {_fmt(expected)}, "
+                f"got {_fmt(shape)}.{note}"
+            )
+        if batched:
+            rows = shape[0]
+            if rows > model.max_batch_size:
+                raise invalid_arg(f"{prefix}inference request batch-size must be <= {model.max_batch_size} for '{name}'")
+            if rows < 1:
+                raise invalid_arg(f"{prefix}inference request batch-size must be >= 1 for '{name}'")
+            if inputs and rows != batch_size:
+                raise invalid_arg(f"{prefix}input '{inp.name}' batch size does not match other inputs for '{name}'")
+            batch_size = rows
+        inputs[inp.name] = _model_facing(inp.data, spec, batched)
+    if len(seen) < model.required_inputs or len(seen) > len(model.inputs):
+        missing = [n for n, s in model.inputs.items() if not s.optional and n not in seen]
+        if model.required_inputs == len(model.inputs):
+            detail = f"expected {len(model.inputs)} inputs but got {len(seen)} inputs for model '{name}'"
+        else:
+            detail = (
+                f"expected number of inputs between {model.required_inputs} and {len(model.inputs)} but got "
+                f"{len(seen)} inputs for model '{name}'"
+            )
+        if missing:
+            detail += f". Got input(s) {sorted(seen)}, but missing required input(s) {missing}. Please provide all required input(s)."
+        raise invalid_arg(f"{prefix}{detail}")
+    if request.outputs:
+        output_names = []
+        for out in request.outputs:
+            if out.name not in model.outputs:
+                raise invalid_arg(f"unexpected inference output '{out.name}' for model '{name}'")
+            output_names.append(out.name)
+    else:
+        output_names = list(model.outputs)
+    return WorkItem(inputs=inputs, output_names=list(dict.fromkeys(output_names)), batch_size=batch_size)

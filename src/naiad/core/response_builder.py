@@ -1,0 +1,87 @@
+"""Turns a model's output arrays into the response: client-facing shapes, classification, shared memory."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from naiad.core.model_version import ModelVersion, TensorSpec
+from naiad.protocol.datatypes import numpy_dtype
+from naiad.protocol.errors import internal, invalid_arg
+from naiad.protocol.tensor_codec import array_to_raw
+from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
+from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
+
+
+def _client_facing(array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndarray:
+    """Undo `reshape`: clients see [batch] + dims."""
+    if spec.reshape is None:
+        return array
+    lead = array.shape[:1] if batched else ()
+    dims = spec.dims
+    if dims.count(-1) <= 1:
+        return array.reshape(tuple(lead) + tuple(dims))
+    return array
+
+
+def _format_value(value: np.generic) -> str:
+    if isinstance(value, (np.floating, float)):
+        text = str(value)
+        return text[:-2] if text.endswith(".0") else text
+    return str(value)
+
+
+def classify(array: np.ndarray, k: int, labels: tuple[str, ...], batched: bool) -> np.ndarray:
+    """Top-k "value:index[:label]" strings per batch item (Triton's classification extension)."""
+    rows = array.reshape(array.shape[0], -1) if batched and array.ndim else array.reshape(1, -1)
+    if rows.dtype == np.object_:
+        raise invalid_arg("classification is not supported for BYTES outputs")
+    count = min(k, rows.shape[1])
+    result = np.empty((rows.shape[0], count), dtype=np.object_)
+    for r, row in enumerate(rows):
+        order = np.argsort(-row.astype(np.float64), kind="stable")[:count]
+        for c, index in enumerate(order):
+            text = f"{_format_value(row[index])}:{index}"
+            if labels and index < len(labels):
+                text += f":{labels[index]}"
+            result[r, c] = text.encode("utf-8")
+    return result if batched else result.reshape(count)
+
+
+def _requested(request: InferenceRequest, model: ModelVersion) -> list[RequestedOutput]:
+    if request.outputs:
+        return request.outputs
+    return [RequestedOutput(name) for name in model.outputs]
+
+
+def build_response(
+    model: ModelVersion,
+    request: InferenceRequest,
+    arrays: dict[str, np.ndarray],
+    shared_memory: SystemSharedMemoryRegistry,
+) -> InferenceResponse:
+    batched = model.max_batch_size > 0
+    outputs: list[OutputTensor] = []
+    for wanted in _requested(request, model):
+        spec = model.outputs[wanted.name]
+        try:
+            array = np.asarray(arrays[wanted.name])
+        except KeyError:
+            raise internal(f"model '{model.name}' did not produce output '{wanted.name}'") from None
+        array = _client_facing(array, spec, batched)
+        datatype = spec.datatype
+        if datatype != "BYTES" and array.dtype != numpy_dtype(datatype):
+            array = array.astype(numpy_dtype(datatype))
+        if wanted.classification > 0:
+            array = classify(array, wanted.classification, spec.labels, batched)
+            datatype = "BYTES"
+        parameters: dict = {}
+        data: np.ndarray | None = array
+        if wanted.shared_memory is not None:
+            ref = wanted.shared_memory
+            shared_memory.write(ref, array_to_raw(array, datatype), wanted.name)
+            parameters = {"shared_memory_region": ref.region, "shared_memory_byte_size": ref.byte_size}
+            if ref.offset:
+                parameters["shared_memory_offset"] = ref.offset
+            data = None
+        outputs.append(OutputTensor(wanted.name, datatype, tuple(array.shape), data, parameters))
+    return InferenceResponse(model.name, model.version_str, outputs, id=request.id)

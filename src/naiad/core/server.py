@@ -1,0 +1,311 @@
+"""The Server facade: the only object frontends (and embedding programs) use, like Triton's C API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad import __version__
+from naiad.backends.registry import BackendRegistry
+from naiad.config.model_config import config_to_dict
+from naiad.config.server_config import ServerConfig
+from naiad.core.model_lifecycle import ModelLifecycle
+from naiad.core.request_validation import validate_request
+from naiad.core.response_builder import build_response
+from naiad.protocol.datatypes import datatype_of_array
+from naiad.protocol.errors import NaiadError, invalid_arg, unavailable, unsupported
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
+
+log = logging.getLogger("naiad.server")
+
+EXTENSIONS = [
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "system_shared_memory",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+]
+
+
+class Server:
+    """Serves a model repository; async methods run on the loop that called `startup()`."""
+
+    def __init__(self, config: ServerConfig | None = None, *, model_repository: str | list[str] | None = None, **settings: Any) -> None:
+        config = config or ServerConfig()
+        if model_repository is not None:
+            config.model_repositories = [model_repository] if isinstance(model_repository, str) else list(model_repository)
+        for key, value in settings.items():
+            if not hasattr(config, key):
+                raise TypeError(f"unknown server setting '{key}'")
+            setattr(config, key, value)
+        self.config = config
+        self.shared_memory = SystemSharedMemoryRegistry(enabled=config.allow_client_shm)
+        self.backends = BackendRegistry()
+        self.models = ModelLifecycle(config, self.backends)
+        self._live = False
+        self._exiting = False
+        self._inflight = 0
+        self._idle = asyncio.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ lifecycle (async)
+
+    async def startup(self) -> None:
+        """Load models per the control mode. Raises if a model failed and exit_on_error is set."""
+        self._idle.set()
+        mode = self.config.model_control_mode
+        if mode not in ("none", "poll", "explicit"):
+            raise ValueError(f"unknown model control mode '{mode}' (none, poll or explicit)")
+        if mode == "explicit":
+            names = self.config.load_models
+            if "*" in names:
+                if len(names) > 1:
+                    raise ValueError("--load-model=* must be the only --load-model")
+                failures = await self.models.load_all()
+            else:
+                failures = await self.models.load_all(list(dict.fromkeys(names)))
+        else:
+            failures = await self.models.load_all()
+        for failure in failures:
+            log.error("%s", failure.rstrip())
+        self._live = True
+        if failures and self.config.exit_on_error:
+            raise RuntimeError("failed to load all models:\n" + "".join(failures))
+
+    def begin_shutdown(self) -> None:
+        """Stop being ready and refuse new requests; in-flight ones may finish."""
+        self._exiting = True
+
+    async def shutdown(self, timeout: float | None = None) -> None:
+        """Wait (up to the exit timeout) for in-flight requests, then unload every model."""
+        self.begin_shutdown()
+        timeout = self.config.exit_timeout_secs if timeout is None else timeout
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("exit timeout reached with %d request(s) still in flight", self._inflight)
+        await self.models.unload_all()
+        self.shared_memory.close()
+        self._live = False
+
+    # ------------------------------------------------------------ health and metadata
+
+    def is_live(self) -> bool:
+        return self._live
+
+    def is_ready(self) -> bool:
+        if not self._live or self._exiting:
+            return False
+        return self.models.all_ready() if self.config.strict_readiness else True
+
+    def metadata(self) -> dict:
+        return {"name": self.config.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
+
+    def _check_serving(self) -> None:
+        if self._exiting or not self._live:
+            raise unavailable("Server not ready")
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        self._check_serving()
+        self.models.lookup(name, version)
+        return True
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.models.lookup(name, version).config
+
+    def model_config_dict(self, name: str, version: str = "") -> dict:
+        return config_to_dict(self.model_config(name, version))
+
+    def is_decoupled(self, name: str, version: str = "") -> bool:
+        return self.models.lookup(name, version).decoupled
+
+    def model_metadata(self, name: str, version: str = "") -> dict:
+        model = self.models.lookup(name, version)
+        config = model.config
+        batch = (-1,) if config.max_batch_size > 0 else ()
+        if version:
+            versions = [model.version_str]
+        else:
+            versions = [str(v) for v in sorted(self.models.records[name].ready())]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": config.platform or config.backend,
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(batch + t.dims)} for t in model.inputs.values()],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(batch + t.dims)} for t in model.outputs.values()],
+        }
+
+    # ------------------------------------------------------------ inference
+
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
+        self._check_serving()
+        model = self.models.lookup(request.model_name, request.model_version)
+        if model.decoupled:
+            raise unsupported(f"model '{model.name}' is decoupled: use the streaming API (gRPC ModelStreamInfer)")
+        item = validate_request(model, request)
+        start = time.perf_counter_ns()
+        self._inflight += 1
+        self._idle.clear()
+        try:
+            arrays = await model.scheduler.enqueue(item)
+            response = build_response(model, request, arrays, self.shared_memory)
+        except NaiadError:
+            model.stats.record_request(False, time.perf_counter_ns() - start, None)
+            raise
+        finally:
+            self._inflight -= 1
+            if self._inflight == 0:
+                self._idle.set()
+        queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0)
+        model.stats.record_request(True, time.perf_counter_ns() - start, queue_ns)
+        return response
+
+    # ------------------------------------------------------------ repository
+
+    def repository_index(self, ready_only: bool = False) -> list[dict]:
+        return self.models.index(ready_only)
+
+    def _check_explicit(self) -> None:
+        if self.config.model_control_mode != "explicit":
+            raise unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        self._check_explicit()
+        await self.models.load(name, config_json, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        self._check_explicit()
+        await self.models.unload(name)
+
+    # ------------------------------------------------------------ statistics
+
+    def model_statistics(self, name: str = "", version: str = "") -> dict:
+        stats = []
+        if not name:
+            for record_name, record in sorted(self.models.records.items()):
+                for v, model in sorted(record.ready().items()):
+                    stats.append(model.stats.as_dict())
+            return {"model_stats": stats}
+        record = self.models.records.get(name)
+        ready = record.ready() if record is not None else {}
+        if not ready:
+            raise invalid_arg(f"requested model '{name}' is not available")
+        if version:
+            model = ready.get(int(version)) if version.isdigit() else None
+            if model is None:
+                raise invalid_arg(f"requested model version is not available for model '{name}'")
+            return {"model_stats": [model.stats.as_dict()]}
+        return {"model_stats": [m.stats.as_dict() for _, m in sorted(ready.items())]}
+
+    def pending_requests(self) -> dict[tuple[str, str], int]:
+        """Requests queued or executing, per loaded (model, version)."""
+        return {
+            (name, str(v)): m.scheduler.inflight()
+            for name, record in self.models.records.items()
+            for v, m in record.ready().items()
+        }
+
+    # ------------------------------------------------------------ CUDA shared memory (no GPU path)
+
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
+        if name:
+            raise invalid_arg(f"Unable to find cuda shared memory region: '{name}'")
+        return []
+
+    def cuda_shared_memory_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        raise unsupported("CUDA shared memory is not supported: this server has no CUDA device")
+
+    def cuda_shared_memory_unregister(self, name: str = "") -> None:
+        return None
+
+    # ------------------------------------------------------------ in-process, synchronous API
+
+    def start(self) -> "Server":
+        """Start on a private event-loop thread, for notebooks and tests without sockets."""
+        if self._thread is not None:
+            return self
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self.startup())
+            except BaseException as exc:  # reported to the caller of start()
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="naiad-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if errors:
+            self._thread = None
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None or self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self.shutdown(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._thread = None
+
+    def __enter__(self) -> "Server":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def infer(
+        self,
+        model_name: str,
+        inputs: dict[str, np.ndarray],
+        *,
+        model_version: str = "",
+        outputs: list[str] | None = None,
+        parameters: dict[str, Any] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Synchronous inference on a server started with start(): numpy in, numpy out."""
+        if self._loop is None:
+            raise RuntimeError("call Server.start() (or use `with Server(...)`) before infer()")
+        request = InferenceRequest(
+            model_name=model_name,
+            model_version=model_version,
+            inputs=[
+                InferInput(name, datatype_of_array(np.asarray(a)), tuple(np.asarray(a).shape), _normalise(np.asarray(a)))
+                for name, a in inputs.items()
+            ],
+            outputs=[RequestedOutput(n) for n in outputs or []],
+            parameters=dict(parameters or {}),
+        )
+        future = asyncio.run_coroutine_threadsafe(self.infer_async(request), self._loop)
+        response = future.result()
+        return {out.name: out.data for out in response.outputs if out.data is not None}
+
+
+def _normalise(array: np.ndarray) -> np.ndarray:
+    """str/bytes numpy arrays become object arrays of bytes, as BYTES tensors are held."""
+    if array.dtype.kind in ("U", "S"):
+        flat = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in array.ravel()]
+        result = np.empty(len(flat), dtype=np.object_)
+        result[:] = flat
+        return result.reshape(array.shape)
+    return array

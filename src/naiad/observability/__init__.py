@@ -1,0 +1,1 @@
+"""Statistics, metrics and logging owned by a Server instance."""

@@ -1,0 +1,1 @@
+"""Wire-independent protocol types shared by every layer: tensors, requests, errors."""

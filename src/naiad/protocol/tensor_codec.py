@@ -1,0 +1,224 @@
+"""Tensor encodings shared by the frontends: raw little-endian bytes, BYTES length prefixes, JSON lists.
+
+Every decoder checks sizes with Python integers before allocating, so an absurd declared
+shape is refused instead of exhausting memory.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import numpy as np
+
+from naiad.protocol.datatypes import BYTE_SIZES, WIRE_DTYPES, is_valid_datatype, numpy_dtype
+from naiad.protocol.errors import NaiadError, invalid_arg
+
+MAX_JSON_DEPTH = 100
+_LEN = struct.Struct("<I")
+
+
+def element_count(shape: tuple[int, ...] | list[int]) -> int:
+    """Product of dims as an exact Python int (no overflow for hostile shapes)."""
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
+    """Validate a wire shape: a list of non-negative integers."""
+    if not isinstance(raw, (list, tuple)):
+        raise invalid_arg(f"shape of input '{input_name}' must be an array of non-negative integers")
+    for dim in raw:
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
+            raise invalid_arg(
+                f"shape of input '{input_name}' must contain only non-negative integers, got {list(raw)}"
+            )
+    return tuple(raw)
+
+
+def check_datatype(datatype: Any, input_name: str) -> str:
+    if not isinstance(datatype, str) or not is_valid_datatype(datatype):
+        raise invalid_arg(f"invalid datatype '{datatype}' for input '{input_name}'")
+    return datatype
+
+
+def byte_size_of(datatype: str, shape: tuple[int, ...]) -> int | None:
+    """Byte size of a fixed-size tensor; None for BYTES (variable)."""
+    size = BYTE_SIZES.get(datatype)
+    return None if size is None else size * element_count(shape)
+
+
+# ---------------------------------------------------------------- raw bytes
+
+
+def array_from_raw(datatype: str, shape: tuple[int, ...], buffer: bytes | memoryview, name: str) -> np.ndarray:
+    """Decode raw wire bytes into an array of `shape` without copying fixed-size data."""
+    if datatype == "BYTES":
+        return deserialize_bytes(buffer, shape, name)
+    expected = BYTE_SIZES[datatype] * element_count(shape)
+    if len(buffer) != expected:
+        raise invalid_arg(
+            f"unexpected total byte size {len(buffer)} for input '{name}', expecting {expected}"
+        )
+    array = np.frombuffer(buffer, dtype=WIRE_DTYPES[datatype])
+    native = numpy_dtype(datatype)
+    if array.dtype != native:
+        array = array.astype(native)
+    return array.reshape(shape)
+
+
+def deserialize_bytes(buffer: bytes | memoryview, shape: tuple[int, ...], name: str) -> np.ndarray:
+    """Parse 4-byte-length-prefixed elements; the count must equal the shape's element count."""
+    count = element_count(shape)
+    view = memoryview(buffer)
+    total = len(view)
+    if count * 4 > total:
+        raise invalid_arg(
+            f"unexpected number of string elements for input '{name}', expecting {count} "
+            f"but the {total} bytes of data cannot hold them"
+        )
+    items: list[bytes] = []
+    offset = 0
+    while offset < total:
+        if offset + 4 > total:
+            raise invalid_arg(f"element byte size indicator for input '{name}' is truncated")
+        (length,) = _LEN.unpack_from(view, offset)
+        offset += 4
+        if offset + length > total:
+            raise invalid_arg(
+                f"element byte size {length} for input '{name}' exceeds the remaining {total - offset} bytes"
+            )
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+        if len(items) > count:
+            break
+    if len(items) != count:
+        raise invalid_arg(
+            f"unexpected number of string elements {len(items)} for input '{name}', expecting {count}"
+        )
+    array = np.empty(count, dtype=np.object_)
+    array[:] = items
+    return array.reshape(shape)
+
+
+def _as_bytes(item: Any) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, np.bytes_):
+        return bytes(item)
+    return str(item).encode("utf-8")
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    """Length-prefixed row-major serialization of a BYTES tensor."""
+    parts: list[bytes] = []
+    for item in array.ravel(order="C"):
+        data = _as_bytes(item)
+        parts.append(_LEN.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def array_to_raw(array: np.ndarray, datatype: str) -> bytes | memoryview:
+    """Encode an array as raw wire bytes (a view of it when already little-endian and contiguous)."""
+    if datatype == "BYTES":
+        return serialize_bytes(array)
+    wire = WIRE_DTYPES[datatype]
+    if array.dtype != wire:
+        array = array.astype(wire)
+    array = np.ascontiguousarray(array)
+    return memoryview(array).cast("B") if array.size else b""
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _flatten(data: list, name: str) -> list:
+    """Flatten nested JSON lists row-major, refusing nesting deeper than MAX_JSON_DEPTH."""
+    if not data or not isinstance(data[0], list):
+        if any(isinstance(x, list) for x in data):
+            raise invalid_arg(f"unable to parse 'data' of input '{name}': ragged nested arrays")
+        return data
+    flat: list = []
+    stack: list[tuple[list, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise invalid_arg(f"'data' of input '{name}' is nested deeper than {MAX_JSON_DEPTH} levels")
+        if node and isinstance(node[0], list):
+            for child in reversed(node):
+                if not isinstance(child, list):
+                    raise invalid_arg(f"unable to parse 'data' of input '{name}': ragged nested arrays")
+                stack.append((child, depth + 1))
+        else:
+            for x in node:
+                if isinstance(x, list):
+                    raise invalid_arg(f"unable to parse 'data' of input '{name}': ragged nested arrays")
+            flat.extend(node)
+    return flat
+
+
+_KIND_OK = {
+    "b": ("b",),
+    "i": ("i", "u"),
+    "u": ("i", "u"),
+    "f": ("i", "u", "f"),
+}
+
+
+def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str) -> np.ndarray:
+    """Decode a JSON `data` field (flat or nested, row-major) into an array of `shape`."""
+    if datatype in ("FP16", "BF16"):
+        raise invalid_arg(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input"
+        )
+    if not isinstance(data, list):
+        data = [data]
+    flat = _flatten(data, name)
+    expected = element_count(shape)
+    if len(flat) != expected:
+        raise invalid_arg(
+            f"unable to parse 'data' of input '{name}': Shape does not match true shape of 'data' field "
+            f"(expected {expected} elements, got {len(flat)})"
+        )
+    if datatype == "BYTES":
+        array = np.empty(len(flat), dtype=np.object_)
+        for i, item in enumerate(flat):
+            if not isinstance(item, str):
+                raise invalid_arg(f"unable to parse 'data' of input '{name}': expected string elements for BYTES")
+            array[i] = item.encode("utf-8")
+        return array.reshape(shape)
+    dtype = numpy_dtype(datatype)
+    try:
+        parsed = np.asarray(flat) if flat else np.empty(0, dtype=dtype)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise invalid_arg(f"unable to parse 'data' of input '{name}': {exc}") from None
+    if flat and parsed.dtype.kind not in _KIND_OK[dtype.kind]:
+        raise invalid_arg(
+            f"unable to parse 'data' of input '{name}': elements are not valid {datatype} values"
+        )
+    try:
+        if parsed.dtype.kind in "iu" and dtype.kind in "iu" and flat:
+            info = np.iinfo(dtype)
+            if int(parsed.min()) < info.min or int(parsed.max()) > info.max:
+                raise invalid_arg(f"unable to parse 'data' of input '{name}': value out of range for {datatype}")
+        return parsed.astype(dtype, copy=False).reshape(shape)
+    except (ValueError, TypeError, OverflowError) as exc:
+        raise invalid_arg(f"unable to parse 'data' of input '{name}': {exc}") from None
+
+
+def array_to_json(array: np.ndarray, datatype: str) -> list:
+    """Flat row-major JSON list of an output tensor."""
+    if datatype in ("FP16", "BF16"):
+        raise NaiadError(
+            invalid_arg("").code,
+            f"sending {datatype} data via JSON is not supported. Please use the binary data format for output",
+        )
+    flat = array.ravel(order="C")
+    if datatype == "BYTES":
+        return [_as_bytes(x).decode("utf-8", errors="replace") for x in flat]
+    return flat.tolist()

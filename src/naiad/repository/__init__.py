@@ -1,0 +1,1 @@
+"""Where model files come from: local directories (cloud storage through fsspec later)."""

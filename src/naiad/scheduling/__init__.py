@@ -1,0 +1,1 @@
+"""Schedulers: how queued requests become executions on a model's instances."""

@@ -1,0 +1,37 @@
+"""The default scheduler: each request runs alone on the first idle instance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from naiad.observability.statistics import ModelStatistics
+from naiad.runtime.thread_instance import InstancePool
+from naiad.scheduling.base import WorkItem, execute_batch
+
+
+class DirectScheduler:
+    """No batching across requests; as many requests run at once as there are instances."""
+
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, batching: bool) -> None:
+        self._pool = pool
+        self._stats = stats
+        self._batching = batching
+        self._inflight = 0
+
+    async def enqueue(self, item: WorkItem) -> dict[str, np.ndarray]:
+        self._inflight += 1
+        try:
+            instance = await self._pool.acquire()
+            try:
+                await execute_batch(instance, [item], self._batching, self._stats)
+            finally:
+                self._pool.release(instance)
+            return item.future.result()
+        finally:
+            self._inflight -= 1
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def stop(self) -> None:
+        return None

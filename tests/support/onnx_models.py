@@ -1,0 +1,146 @@
+"""Writes small real ONNX models (and their Triton model directories) for the tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL,
+    "UINT8": TensorProto.UINT8,
+    "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32,
+    "UINT64": TensorProto.UINT64,
+    "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16,
+    "INT32": TensorProto.INT32,
+    "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16,
+    "FP32": TensorProto.FLOAT,
+    "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING,
+}
+CONFIG_TYPES = {
+    "BOOL": "TYPE_BOOL", "UINT8": "TYPE_UINT8", "UINT16": "TYPE_UINT16", "UINT32": "TYPE_UINT32",
+    "UINT64": "TYPE_UINT64", "INT8": "TYPE_INT8", "INT16": "TYPE_INT16", "INT32": "TYPE_INT32",
+    "INT64": "TYPE_INT64", "FP16": "TYPE_FP16", "FP32": "TYPE_FP32", "FP64": "TYPE_FP64", "BYTES": "TYPE_STRING",
+}
+
+
+def _save(model: onnx.ModelProto, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.opset_import[0].version = OPSET
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _tensor(name: str, datatype: str, shape: list) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, ONNX_TYPES[datatype], shape)
+
+
+def add_sub_onnx(path: Path, datatype: str = "FP32", dims: int = 16, batch: bool = True) -> None:
+    """OUTPUT0 = INPUT0 + INPUT1, OUTPUT1 = INPUT0 - INPUT1."""
+    shape = ["batch", dims] if batch else [dims]
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]), helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        "add_sub",
+        [_tensor("INPUT0", datatype, shape), _tensor("INPUT1", datatype, shape)],
+        [_tensor("OUTPUT0", datatype, shape), _tensor("OUTPUT1", datatype, shape)],
+    )
+    _save(helper.make_model(graph), path)
+
+
+def identity_onnx(path: Path, datatype: str, shape: list) -> None:
+    """OUTPUT0 = INPUT0 (any datatype, incl. BOOL, FP16 and strings)."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])],
+        "identity",
+        [_tensor("INPUT0", datatype, shape)],
+        [_tensor("OUTPUT0", datatype, shape)],
+    )
+    _save(helper.make_model(graph), path)
+
+
+def classifier_onnx(path: Path, features: int = 4, classes: int = 5, seed: int = 0) -> None:
+    """PROBS = softmax(INPUT @ W + b), batch dim dynamic."""
+    rng = np.random.default_rng(seed)
+    w = numpy_helper.from_array(rng.standard_normal((features, classes)).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(classes).astype(np.float32), "B")
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["INPUT", "W", "B"], ["LOGITS"]), helper.make_node("Softmax", ["LOGITS"], ["PROBS"], axis=1)],
+        "classifier",
+        [_tensor("INPUT", "FP32", ["batch", features])],
+        [_tensor("PROBS", "FP32", ["batch", classes])],
+        initializer=[w, b],
+    )
+    _save(helper.make_model(graph), path)
+
+
+def write_config(model_dir: Path, text: str) -> None:
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(text)
+
+
+def io_block(kind: str, name: str, datatype: str, dims: list[int], extra: str = "") -> str:
+    return f'{kind} [{{ name: "{name}" data_type: {CONFIG_TYPES[datatype]} dims: {dims} {extra} }}]\n'
+
+
+def add_sub_model(repo: Path, name: str = "add_sub", datatype: str = "FP32", dims: int = 16,
+                  max_batch_size: int = 8, scheduler: str = "dynamic_batching { }", instances: int = 1) -> Path:
+    """A complete add/sub model directory with config.pbtxt."""
+    model_dir = repo / name
+    add_sub_onnx(model_dir / "1" / "model.onnx", datatype, dims, batch=max_batch_size > 0)
+    config = f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: {max_batch_size}\n'
+    for kind, names in (("input", ["INPUT0", "INPUT1"]), ("output", ["OUTPUT0", "OUTPUT1"])):
+        config += f"{kind} [" + ", ".join(
+            f'{{ name: "{n}" data_type: {CONFIG_TYPES[datatype]} dims: [{dims}] }}' for n in names
+        ) + "]\n"
+    config += f"instance_group [{{ kind: KIND_CPU count: {instances} }}]\n{scheduler}\n"
+    write_config(model_dir, config)
+    return model_dir
+
+
+def identity_model(repo: Path, name: str, datatype: str, dims: list[int], max_batch_size: int = 8) -> Path:
+    model_dir = repo / name
+    shape = (["batch"] if max_batch_size > 0 else []) + [d if d > 0 else f"d{i}" for i, d in enumerate(dims)]
+    identity_onnx(model_dir / "1" / "model.onnx", datatype, shape)
+    config = f'name: "{name}"\nplatform: "onnxruntime_onnx"\nmax_batch_size: {max_batch_size}\n'
+    config += io_block("input", "INPUT0", datatype, dims) + io_block("output", "OUTPUT0", datatype, dims)
+    write_config(model_dir, config)
+    return model_dir
+
+
+def classifier_model(repo: Path, name: str = "classifier", labels: list[str] | None = None) -> Path:
+    model_dir = repo / name
+    classifier_onnx(model_dir / "1" / "model.onnx")
+    label_clause = ""
+    if labels is not None:
+        (model_dir / "labels.txt").write_text("\n".join(labels) + "\n")
+        label_clause = 'label_filename: "labels.txt"'
+    config = f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 16\n'
+    config += io_block("input", "INPUT", "FP32", [4]) + io_block("output", "PROBS", "FP32", [5], label_clause)
+    write_config(model_dir, config)
+    return model_dir
+
+
+ALL_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]
+
+
+def standard_repository(repo: Path) -> Path:
+    """The repository most integration tests serve: add_sub, identities of every datatype, a classifier."""
+    add_sub_model(repo, "add_sub")
+    add_sub_model(repo, "add_sub_int32", datatype="INT32", max_batch_size=8, scheduler="")
+    add_sub_model(repo, "add_sub_nobatch", max_batch_size=0, dims=4, scheduler="")
+    for datatype in ALL_DATATYPES:
+        identity_model(repo, f"identity_{datatype.lower()}", datatype, [-1])
+    classifier_model(repo, "classifier", labels=[f"class_{i}" for i in range(5)])
+    classifier_model(repo, "classifier_nolabels")
+    # no config.pbtxt at all: auto-complete from the ONNX graph
+    add_sub_onnx(repo / "add_sub_auto" / "1" / "model.onnx")
+    return repo
