@@ -144,3 +144,27 @@ def standard_repository(repo: Path) -> Path:
     # no config.pbtxt at all: auto-complete from the ONNX graph
     add_sub_onnx(repo / "add_sub_auto" / "1" / "model.onnx")
     return repo
+
+
+def slow_onnx(path: Path, matmuls: int = 8, size: int = 768) -> None:
+    """Y[1] = sum of a chain of size x size MatMuls seeded from X[1]: a model that takes a while."""
+    weight = numpy_helper.from_array(np.full((size, size), 1.0 / size, dtype=np.float32), "W")
+    shape = numpy_helper.from_array(np.array([size, size], dtype=np.int64), "SHAPE")
+    nodes = [helper.make_node("Expand", ["X", "SHAPE"], ["M0"])]
+    for i in range(matmuls):
+        nodes.append(helper.make_node("MatMul", [f"M{i}", "W"], [f"M{i + 1}"]))
+    nodes.append(helper.make_node("ReduceMean", [f"M{matmuls}"], ["Y1"], keepdims=0))
+    nodes.append(helper.make_node("Reshape", ["Y1", "ONE"], ["Y"]))
+    one = numpy_helper.from_array(np.array([1], dtype=np.int64), "ONE")
+    graph = helper.make_graph(nodes, "slow", [_tensor("X", "FP32", [1])], [_tensor("Y", "FP32", [1])], initializer=[weight, shape, one])
+    _save(helper.make_model(graph), path)
+
+
+def slow_model(repo: Path, name: str = "slow", matmuls: int = 8) -> Path:
+    model_dir = repo / name
+    slow_onnx(model_dir / "1" / "model.onnx", matmuls)
+    config = f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 0\n'
+    config += io_block("input", "X", "FP32", [1]) + io_block("output", "Y", "FP32", [1])
+    config += 'instance_group [{ kind: KIND_CPU count: 1 }]\nparameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
+    write_config(model_dir, config)
+    return model_dir

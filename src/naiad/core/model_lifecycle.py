@@ -274,6 +274,20 @@ class ModelLifecycle:
                 record.override_dir = None
             log.info("successfully unloaded '%s'", name)
 
+    async def poll_once(self) -> None:
+        """POLL mode: load new models, reload changed ones, unload removed ones; failures keep old versions."""
+        locations, _ = self.scan()
+        for name in [n for n, r in self.records.items() if n not in locations and r.ready()]:
+            await self.unload(name)
+        for name in sorted(locations):
+            record = self.records.get(name)
+            if record is not None and record.fingerprint == directory_fingerprint(locations[name].path):
+                continue
+            try:
+                await self.load(name)
+            except NaiadError as exc:
+                log.error("%s", exc.message.rstrip())
+
     async def unload_all(self) -> None:
         await asyncio.gather(*(self.unload(n) for n in list(self.records)), return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -58,6 +58,7 @@ class Server:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._thread: threading.Thread | None = None
+        self._poller: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle (async)
@@ -81,8 +82,20 @@ class Server:
         for failure in failures:
             log.error("%s", failure.rstrip())
         self._live = True
+        if mode == "poll":
+            if self.config.repository_poll_secs <= 0:
+                raise ValueError("--repository-poll-secs must be > 0")
+            self._poller = asyncio.get_running_loop().create_task(self._poll_repositories())
         if failures and self.config.exit_on_error:
             raise RuntimeError("failed to load all models:\n" + "".join(failures))
+
+    async def _poll_repositories(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.repository_poll_secs)
+            try:
+                await self.models.poll_once()
+            except Exception:  # a polling error must not stop later polls
+                log.exception("repository poll failed")
 
     def begin_shutdown(self) -> None:
         """Stop being ready and refuse new requests; in-flight ones may finish."""
@@ -91,6 +104,8 @@ class Server:
     async def shutdown(self, timeout: float | None = None) -> None:
         """Wait (up to the exit timeout) for in-flight requests, then unload every model."""
         self.begin_shutdown()
+        if self._poller is not None:
+            self._poller.cancel()
         timeout = self.config.exit_timeout_secs if timeout is None else timeout
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)

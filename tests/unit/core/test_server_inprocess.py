@@ -1,0 +1,196 @@
+"""The Server facade used in-process: validation, batching, classification, lifecycle, no sockets."""
+
+import asyncio
+import os
+
+import numpy as np
+import pytest
+
+import naiad
+from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
+from tests.support.onnx_models import add_sub_model, classifier_model, identity_model, write_config
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repo")
+    add_sub_model(root, "add_sub")
+    add_sub_model(root, "add_sub_nobatch", max_batch_size=0, dims=4, scheduler="")
+    identity_model(root, "identity_bytes", "BYTES", [-1])
+    classifier_model(root, "classifier", labels=["a", "b", "c", "d", "e"])
+    write_config(root / "broken", 'name: "broken"\nbackend: "onnxruntime"\nmax_batch_size: oops\n')
+    (root / "broken" / "1").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    with naiad.Server(model_repository=str(repo)) as srv:
+        yield srv
+
+
+def _request(model, inputs, **kw):
+    return InferenceRequest(model_name=model, inputs=[InferInput(n, dt, a.shape, a) for n, dt, a in inputs], **kw)
+
+
+def _run(server, request):
+    return asyncio.run_coroutine_threadsafe(server.infer_async(request), server._loop).result()
+
+
+def test_infer_add_sub(server):
+    a = np.random.rand(3, 16).astype(np.float32)
+    b = np.random.rand(3, 16).astype(np.float32)
+    out = server.infer("add_sub", {"INPUT0": a, "INPUT1": b})
+    np.testing.assert_allclose(out["OUTPUT0"], a + b)
+    np.testing.assert_allclose(out["OUTPUT1"], a - b)
+
+
+def test_strings_roundtrip_as_bytes(server):
+    out = server.infer("identity_bytes", {"INPUT0": np.array([["x", "yz"]])})
+    assert out["OUTPUT0"].tolist() == [[b"x", b"yz"]]
+
+
+def test_failed_model_is_unavailable_and_others_serve(server):
+    entries = {e["name"]: e for e in server.repository_index()}
+    assert entries["broken"]["state"] == "UNAVAILABLE"
+    assert "config.pbtxt:3" in entries["broken"]["reason"]
+    assert entries["add_sub"]["state"] == "READY"
+    assert not server.is_ready()  # strict readiness: one model is not ready
+    with pytest.raises(NaiadError) as err:
+        server.model_metadata("broken")
+    assert err.value.code is ErrorCode.NOT_FOUND and "has no available versions" in err.value.message
+
+
+@pytest.mark.parametrize(
+    "inputs,message",
+    [
+        ([("INPUT0", "FP32", np.zeros((1, 16), np.float32))], "expected 2 inputs but got 1 inputs for model 'add_sub'"),
+        ([("INPUT0", "INT32", np.zeros((1, 16), np.int32)), ("INPUT1", "FP32", np.zeros((1, 16), np.float32))],
+         "inference input 'INPUT0' data-type is 'INT32', but model 'add_sub' expects 'FP32'"),
+        ([("INPUT0", "FP32", np.zeros((1, 15), np.float32)), ("INPUT1", "FP32", np.zeros((1, 15), np.float32))],
+         "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"),
+        ([("INPUT0", "FP32", np.zeros((9, 16), np.float32)), ("INPUT1", "FP32", np.zeros((9, 16), np.float32))],
+         "inference request batch-size must be <= 8 for 'add_sub'"),
+        ([("NOPE", "FP32", np.zeros((1, 16), np.float32))], "unexpected inference input 'NOPE' for model 'add_sub'"),
+    ],
+)
+def test_validation_messages(server, inputs, message):
+    with pytest.raises(NaiadError) as err:
+        _run(server, _request("add_sub", inputs, id="7"))
+    assert err.value.code is ErrorCode.INVALID_ARG
+    assert err.value.message.startswith("[request id: 7] ")
+    assert message in err.value.message
+
+
+def test_unknown_output_and_model(server):
+    a = np.zeros((1, 16), np.float32)
+    with pytest.raises(NaiadError, match="unexpected inference output 'NOPE' for model 'add_sub'"):
+        _run(server, _request("add_sub", [("INPUT0", "FP32", a), ("INPUT1", "FP32", a)], outputs=[RequestedOutput("NOPE")]))
+    with pytest.raises(NaiadError) as err:
+        _run(server, _request("nope", []))
+    assert err.value.code is ErrorCode.NOT_FOUND and err.value.message == "Request for unknown model: 'nope' is not found"
+    with pytest.raises(NaiadError) as err:
+        _run(server, _request("add_sub", [], model_version="3"))
+    assert err.value.message == "Request for unknown model: 'add_sub' version 3 is not found"
+
+
+def test_classification_with_labels(server):
+    x = np.random.rand(2, 4).astype(np.float32)
+    probs = server.infer("classifier", {"INPUT": x})["PROBS"]
+    response = _run(server, _request("classifier", [("INPUT", "FP32", x)], outputs=[RequestedOutput("PROBS", classification=2)]))
+    out = response.outputs[0]
+    assert out.datatype == "BYTES" and out.shape == (2, 2)
+    top = int(np.argmax(probs[0]))
+    value, index, label = out.data[0, 0].decode().split(":")
+    assert int(index) == top and label == "abcde"[top]
+    assert abs(float(value) - probs[0, top]) < 1e-6
+
+
+def test_concurrent_requests_are_batched(server):
+    async def many():
+        a = np.ones((1, 16), np.float32)
+        reqs = [_request("add_sub", [("INPUT0", "FP32", a * i), ("INPUT1", "FP32", a)]) for i in range(32)]
+        return await asyncio.gather(*(server.infer_async(r) for r in reqs))
+
+    responses = asyncio.run_coroutine_threadsafe(many(), server._loop).result()
+    for i, response in enumerate(responses):
+        assert response.output("OUTPUT0").data[0, 0] == i + 1
+    stats = server.model_statistics("add_sub")["model_stats"][0]
+    assert stats["inference_count"] >= 32
+    assert stats["execution_count"] < stats["inference_stats"]["success"]["count"]  # some batches held > 1 request
+
+
+def test_explicit_mode_load_reload_unload(repo, tmp_path):
+    add_sub_model(tmp_path, "m")
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit") as srv:
+        assert srv.repository_index() == [{"name": "m"}]
+        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, srv._loop).result()  # noqa: E731
+        run(srv.load_model("m"))
+        assert srv.model_ready("m")
+        # a config override stays in force until unload
+        run(srv.load_model("m", config_json='{"max_batch_size": 2, "backend": "onnxruntime"}'))
+        assert srv.model_config("m").max_batch_size == 2
+        os.makedirs(tmp_path / "m" / "2")
+        (tmp_path / "m" / "2" / "model.onnx").write_bytes((tmp_path / "m" / "1" / "model.onnx").read_bytes())
+        run(srv.load_model("m"))
+        assert srv.model_metadata("m")["versions"] == ["2"]
+        assert srv.model_config("m").max_batch_size == 2
+        run(srv.unload_model("m"))
+        assert {e["state"] for e in srv.repository_index()} == {"UNAVAILABLE"}
+        assert all(e.get("reason") == "unloaded" for e in srv.repository_index())
+        with pytest.raises(NaiadError) as err:
+            run(srv.load_model("missing"))
+        assert err.value.code is ErrorCode.INTERNAL
+        assert "failed to poll from model repository" in err.value.message
+
+
+def test_load_refused_outside_explicit_mode(server):
+    with pytest.raises(NaiadError) as err:
+        asyncio.run_coroutine_threadsafe(server.load_model("add_sub"), server._loop).result()
+    assert err.value.code is ErrorCode.UNAVAILABLE
+
+
+def test_failed_reload_keeps_old_version(tmp_path):
+    model_dir = add_sub_model(tmp_path, "m")
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit", load_models=["m"]) as srv:
+        run = lambda coro: asyncio.run_coroutine_threadsafe(coro, srv._loop).result()  # noqa: E731
+        write_config(model_dir, 'name: "m"\nmax_batch_size: [\n')
+        with pytest.raises(NaiadError) as err:
+            run(srv.load_model("m"))
+        assert err.value.code is ErrorCode.INVALID_ARG and "load failed for model 'm'" in err.value.message
+        a = np.ones((1, 16), np.float32)
+        assert srv.infer("m", {"INPUT0": a, "INPUT1": a})["OUTPUT0"][0, 0] == 2
+
+
+def test_file_override_refuses_path_traversal(tmp_path):
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit") as srv:
+        coro = srv.load_model("x", config_json='{"backend":"onnxruntime"}', files={"file:../../etc/evil": b"x"})
+        with pytest.raises(NaiadError) as err:
+            asyncio.run_coroutine_threadsafe(coro, srv._loop).result()
+        assert err.value.code is ErrorCode.INVALID_ARG
+
+
+def test_poll_mode_picks_up_new_changed_and_removed_models(tmp_path):
+    import shutil
+    import time
+
+    add_sub_model(tmp_path, "a")
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="poll", repository_poll_secs=0.05) as srv:
+        add_sub_model(tmp_path, "b")
+
+        def wait_for(predicate):
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if predicate():
+                    return True
+                time.sleep(0.02)
+            return False
+
+        assert wait_for(lambda: any(e.get("state") == "READY" for e in srv.repository_index() if e["name"] == "b"))
+        shutil.copytree(tmp_path / "a" / "1", tmp_path / "a" / "2")
+        assert wait_for(lambda: srv.model_metadata("a")["versions"] == ["2"])
+        shutil.rmtree(tmp_path / "b")
+        assert wait_for(lambda: all(e.get("state") != "READY" for e in srv.repository_index() if e["name"] == "b"))
+        with pytest.raises(NaiadError):
+            asyncio.run_coroutine_threadsafe(srv.load_model("a"), srv._loop).result()

@@ -1,0 +1,98 @@
+"""Tensor codecs: raw bytes, BYTES length prefixes, JSON; hostile sizes refused before allocation."""
+
+import numpy as np
+import pytest
+from tritonclient.utils import serialize_byte_tensor
+
+from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.tensor_codec import (
+    array_from_json,
+    array_from_raw,
+    array_to_json,
+    array_to_raw,
+    deserialize_bytes,
+    parse_shape,
+    serialize_bytes,
+)
+
+
+@pytest.mark.parametrize("datatype,dtype", [("FP32", np.float32), ("INT64", np.int64), ("UINT8", np.uint8), ("FP16", np.float16), ("BOOL", np.bool_)])
+def test_raw_roundtrip(datatype, dtype):
+    array = (np.arange(12) % 3).astype(dtype).reshape(3, 4)
+    raw = bytes(array_to_raw(array, datatype))
+    back = array_from_raw(datatype, (3, 4), raw, "x")
+    assert back.dtype == dtype and np.array_equal(back, array)
+
+
+def test_raw_size_mismatch_is_invalid_arg():
+    with pytest.raises(NaiadError) as err:
+        array_from_raw("FP32", (2, 2), b"\0" * 12, "INPUT0")
+    assert err.value.code is ErrorCode.INVALID_ARG
+    assert "INPUT0" in err.value.message and "16" in err.value.message
+
+
+def test_absurd_shape_refused_without_allocating():
+    with pytest.raises(NaiadError):
+        array_from_raw("FP32", (2147483648, 4), b"\0" * 16, "INPUT0")
+    with pytest.raises(NaiadError):
+        deserialize_bytes(b"\0" * 8, (2**40,), "S")
+    with pytest.raises(NaiadError):
+        array_from_json("FP32", (2147483648, 4), [1.0, 2.0], "INPUT0")
+
+
+def test_bytes_matches_tritonclient_serialization():
+    array = np.array([b"a", b"", "héllo".encode(), b"\x00\xff"], dtype=object)
+    ours = serialize_bytes(array)
+    assert ours == serialize_byte_tensor(array).item()
+    back = deserialize_bytes(ours, (4,), "S")
+    assert list(back) == list(array)
+
+
+@pytest.mark.parametrize("payload", [b"\x05\x00\x00\x00ab", b"\x01\x00", b"\x01\x00\x00\x00a\x01\x00\x00\x00b"])
+def test_bytes_truncated_or_extra_refused(payload):
+    with pytest.raises(NaiadError) as err:
+        deserialize_bytes(payload, (1,), "S")
+    assert err.value.code is ErrorCode.INVALID_ARG
+
+
+def test_json_nested_and_flat_agree():
+    nested = array_from_json("INT32", (2, 3), [[1, 2, 3], [4, 5, 6]], "x")
+    flat = array_from_json("INT32", (2, 3), [1, 2, 3, 4, 5, 6], "x")
+    assert np.array_equal(nested, flat) and nested.dtype == np.int32
+
+
+def test_json_type_errors():
+    for datatype, data in [("INT32", [1.5]), ("FP32", ["a"]), ("BOOL", [1]), ("BYTES", [1]), ("INT8", [300]), ("UINT8", [-1])]:
+        with pytest.raises(NaiadError) as err:
+            array_from_json(datatype, (1,), data, "x")
+        assert err.value.code is ErrorCode.INVALID_ARG, (datatype, data)
+
+
+def test_json_count_mismatch_and_depth():
+    with pytest.raises(NaiadError) as err:
+        array_from_json("FP32", (2, 2), [1.0, 2.0, 3.0], "x")
+    assert "Shape does not match" in err.value.message
+    deep: list = [1.0]
+    for _ in range(150):
+        deep = [deep]
+    with pytest.raises(NaiadError) as err:
+        array_from_json("FP32", (1,), deep, "x")
+    assert "nested deeper" in err.value.message
+
+
+def test_json_fp16_refused_both_ways():
+    with pytest.raises(NaiadError, match="FP16 data via JSON is not supported"):
+        array_from_json("FP16", (1,), [1.0], "x")
+    with pytest.raises(NaiadError, match="FP16"):
+        array_to_json(np.zeros(1, np.float16), "FP16")
+
+
+def test_json_output_is_flat_and_bytes_are_strings():
+    assert array_to_json(np.arange(4).reshape(2, 2), "INT64") == [0, 1, 2, 3]
+    assert array_to_json(np.array([b"ab", "c"], dtype=object), "BYTES") == ["ab", "c"]
+
+
+@pytest.mark.parametrize("shape", [[-1], [1.5], ["2"], "3", [True]])
+def test_parse_shape_rejects_bad_dims(shape):
+    with pytest.raises(NaiadError):
+        parse_shape(shape, "x")
