@@ -4,10 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.protocol.errors import NaiadError
+from naiad.protocol.types import InferenceRequest, InferenceResponse
+
+
+class ServerServices(Protocol):
+    """What a backend may ask of the server it runs in (BLS, model control from model code)."""
+
+    async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
+
+    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]: ...
+
+    async def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None: ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    def model_ready(self, name: str, version: str = "") -> bool: ...
 
 
 @dataclass
@@ -20,6 +38,7 @@ class ModelSource:
     version_dir: Path
     model_file: Path
     backend_settings: dict[str, str] = field(default_factory=dict)
+    server: ServerServices | None = None
 
 
 @dataclass
@@ -63,3 +82,49 @@ class Backend(Protocol):
         ...
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> ModelInstance: ...
+
+
+@dataclass
+class BackendRequest:
+    """One request as request-level backends (Python) see it: never concatenated with others."""
+
+    inputs: dict[str, np.ndarray]
+    requested_outputs: list[str]
+    request_id: str = ""
+    correlation_id: int | str = 0
+    flags: int = 0
+    parameters: dict[str, Any] = field(default_factory=dict)
+    timeout_us: int = 0
+    model_name: str = ""
+    model_version: int = 0
+    is_cancelled: Callable[[], bool] = lambda: False
+
+
+@dataclass
+class BackendResponse:
+    """One response of a request; `final` completes the request. Flag-only final: outputs None."""
+
+    outputs: dict[str, np.ndarray] | None
+    parameters: dict[str, Any] = field(default_factory=dict)
+    error: NaiadError | None = None
+    final: bool = True
+
+
+ResponseCallback = Callable[[int, BackendResponse], None]
+
+
+class RequestModelInstance(Protocol):
+    """An instance that executes requests individually and may respond several times (decoupled).
+
+    `execute_requests` returns when the model's execute returned (the instance is then free for
+    the next batch); `respond(index, response)` may still be called afterwards, on the event loop,
+    until each request got a final response.
+    """
+
+    name: str
+
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None: ...
+
+    def healthy(self) -> bool: ...
+
+    async def aclose(self) -> None: ...

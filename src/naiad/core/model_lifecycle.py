@@ -13,7 +13,8 @@ from pathlib import Path, PurePosixPath
 from naiad.backends.registry import BackendRegistry
 from naiad.config.model_config import ConfigError
 from naiad.config.server_config import ServerConfig
-from naiad.core.model_loader import PreparedModel, create_instances, prepare_model
+from naiad.backends.base import ServerServices
+from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
 from naiad.repository.local import ModelLocation, directory_fingerprint, scan_repositories, version_directories
@@ -44,6 +45,9 @@ class ModelRecord:
     def ready(self) -> dict[int, ModelVersion]:
         return {v: s.model for v, s in self.versions.items() if s.state == READY and s.model is not None}
 
+    def healthy(self) -> bool:
+        return all(m.healthy() for m in self.ready().values())
+
 
 def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
     """Materialise `file:<version>/<path>` overrides in a temporary model directory, refusing traversal."""
@@ -65,9 +69,10 @@ def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
 class ModelLifecycle:
     """All model records of one server; loads run on a bounded thread pool, routing on the loop."""
 
-    def __init__(self, settings: ServerConfig, backends: BackendRegistry) -> None:
+    def __init__(self, settings: ServerConfig, backends: BackendRegistry, services: ServerServices | None = None) -> None:
         self.settings = settings
         self.backends = backends
+        self.services = services
         self.records: dict[str, ModelRecord] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(settings.model_load_thread_count, 1), thread_name_prefix="naiad-load")
 
@@ -101,6 +106,8 @@ class ModelLifecycle:
 
     def all_ready(self) -> bool:
         for record in self.records.values():
+            if not record.healthy():
+                return False
             for state in record.versions.values():
                 if state.state == READY:
                     continue
@@ -195,9 +202,7 @@ class ModelLifecycle:
         failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
         for version in sorted(prepared.versions):
             try:
-                instances = await loop.run_in_executor(
-                    self._executor, create_instances, prepared, version, self.settings, self.backends
-                )
+                instances = await self._create_instances(prepared, version)
                 new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances)
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
                 failed[version] = str(exc) or type(exc).__name__
@@ -227,6 +232,30 @@ class ModelLifecycle:
         await asyncio.gather(*(self._retire(m) for m in old.values()))
         if failed:
             raise self._load_error(record, failed)
+
+    async def _create_instances(self, prepared: PreparedModel, version: int) -> list:
+        """Create every instance of a version in parallel; on any failure close those already made."""
+        loop = asyncio.get_running_loop()
+        backend, source = instance_source(prepared, version, self.settings, self.backends, self.services)
+        create_async = getattr(backend, "create_instance_async", None)
+
+        async def create(spec):
+            if create_async is not None:
+                return await create_async(source, spec)
+            return await loop.run_in_executor(self._executor, backend.create_instance, source, spec)
+
+        results = await asyncio.gather(*(create(s) for s in instance_specs(prepared.config)), return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            for made in results:
+                if isinstance(made, BaseException):
+                    continue
+                if hasattr(made, "aclose"):
+                    await made.aclose()
+                else:
+                    made.close()
+            raise errors[0]
+        return list(results)
 
     def _mark_failed(self, record: ModelRecord, model_dir: Path, reason: str) -> None:
         log.error("failed to load '%s': %s", record.name, reason)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import InstanceSpec, ModelInstance, ModelSource
+from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
 from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
 from naiad.config.model_config import ConfigError, load_config_file, parse_config_json
@@ -107,8 +107,10 @@ def instance_specs(config: mc.ModelConfig) -> list[InstanceSpec]:
     return specs
 
 
-def create_instances(prepared: PreparedModel, version: int, settings: ServerConfig, backends: BackendRegistry) -> list[ModelInstance]:
-    """Create every instance of one version; a failure closes the ones already made."""
+def instance_source(
+    prepared: PreparedModel, version: int, settings: ServerConfig, backends: BackendRegistry, server: ServerServices | None
+) -> tuple[Backend, ModelSource]:
+    """The backend and the ModelSource its instances are created from."""
     config = prepared.config
     version_dir = prepared.versions[version]
     model_file = version_dir / config.default_model_filename
@@ -118,13 +120,7 @@ def create_instances(prepared: PreparedModel, version: int, settings: ServerConf
         backend = backends.get(config.backend)
     except BackendUnavailable as exc:
         raise ConfigError(str(exc)) from None
-    source = ModelSource(config, version, prepared.model_dir, version_dir, model_file, settings.backend_config.get(config.backend, {}))
-    made: list[ModelInstance] = []
-    try:
-        for spec in instance_specs(config):
-            made.append(backend.create_instance(source, spec))
-    except Exception:
-        for inst in made:
-            inst.close()
-        raise
-    return made
+    source = ModelSource(
+        config, version, prepared.model_dir, version_dir, model_file, settings.backend_config.get(config.backend, {}), server
+    )
+    return backend, source

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ModelInstance
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.observability.statistics import ModelStatistics
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
@@ -48,7 +47,7 @@ def _labels(model_dir: Path, filename: str) -> tuple[str, ...]:
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
-    def __init__(self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list[ModelInstance]) -> None:
+    def __init__(self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list) -> None:
         self.config = config
         self.name = config.name
         self.version = version
@@ -67,7 +66,7 @@ class ModelVersion:
         }
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         self.stats = ModelStatistics(self.name, self.version_str)
-        self.pool = InstancePool([ThreadInstance(i) for i in instances])
+        self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
         self.scheduler = self._make_scheduler()
 
     def _make_scheduler(self) -> Scheduler:
@@ -85,4 +84,7 @@ class ModelVersion:
     async def close(self) -> None:
         """Stop the scheduler (waits for running batches) and release the instances."""
         await self.scheduler.stop()
-        self.pool.close()
+        await self.pool.close()
+
+    def healthy(self) -> bool:
+        return self.pool.healthy()

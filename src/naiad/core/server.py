@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -19,7 +21,7 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_builder import build_response
 from naiad.protocol.datatypes import datatype_of_array
-from naiad.protocol.errors import NaiadError, invalid_arg, unavailable, unsupported
+from naiad.protocol.errors import NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 
@@ -52,7 +54,7 @@ class Server:
         self.config = config
         self.shared_memory = SystemSharedMemoryRegistry(enabled=config.allow_client_shm)
         self.backends = BackendRegistry()
-        self.models = ModelLifecycle(config, self.backends)
+        self.models = ModelLifecycle(config, self.backends, services=self)
         self._live = False
         self._exiting = False
         self._inflight = 0
@@ -133,9 +135,9 @@ class Server:
             raise unavailable("Server not ready")
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        """True when servable; False when loaded but an instance is unhealthy; NOT_FOUND otherwise."""
         self._check_serving()
-        self.models.lookup(name, version)
-        return True
+        return self.models.lookup(name, version).healthy()
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.models.lookup(name, version).config
@@ -165,27 +167,77 @@ class Server:
     # ------------------------------------------------------------ inference
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
+        """One request, one response. Decoupled models are refused (use infer_stream)."""
         self._check_serving()
         model = self.models.lookup(request.model_name, request.model_version)
         if model.decoupled:
             raise unsupported(f"model '{model.name}' is decoupled: use the streaming API (gRPC ModelStreamInfer)")
         item = validate_request(model, request)
+        item.request = request
         start = time.perf_counter_ns()
-        self._inflight += 1
-        self._idle.clear()
+        self._begin_request()
         try:
-            arrays = await model.scheduler.enqueue(item)
-            response = build_response(model, request, arrays, self.shared_memory)
+            result = await model.scheduler.enqueue(item)
+            if result.outputs is None:
+                raise internal(f"model '{model.name}' completed the request without a response")
+            response = build_response(model, request, result.outputs, self.shared_memory)
+            response.parameters = dict(result.parameters)
         except NaiadError:
             model.stats.record_request(False, time.perf_counter_ns() - start, None)
             raise
         finally:
-            self._inflight -= 1
-            if self._inflight == 0:
-                self._idle.set()
-        queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0)
-        model.stats.record_request(True, time.perf_counter_ns() - start, queue_ns)
+            self._end_request()
+        model.stats.record_request(True, time.perf_counter_ns() - start, max(item.dispatch_ns - item.enqueue_ns, 0))
         return response
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        """Every response of a request as (response, is_final); (None, True) is a flag-only final.
+
+        Works for decoupled models (zero or more responses) and others (exactly one). An error
+        response raises NaiadError and ends the request's stream.
+        """
+        self._check_serving()
+        model = self.models.lookup(request.model_name, request.model_version)
+        item = validate_request(model, request)
+        item.request = request
+        item.stream = asyncio.Queue()
+        start = time.perf_counter_ns()
+        self._begin_request()
+        enqueued = asyncio.get_running_loop().create_task(model.scheduler.enqueue(item))
+        success = False
+        try:
+            while True:
+                result = await item.stream.get()
+                if result.error is not None:
+                    raise result.error
+                if result.outputs is None:
+                    yield None, True
+                    success = True
+                    return
+                response = build_response(model, request, result.outputs, self.shared_memory)
+                response.parameters = dict(result.parameters)
+                yield response, result.final
+                if result.final:
+                    success = True
+                    return
+        finally:
+            if not enqueued.done():
+                item.future.cancel()
+                enqueued.cancel()
+            with contextlib.suppress(BaseException):
+                await enqueued
+            self._end_request()
+            queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0) if item.dispatch_ns else None
+            model.stats.record_request(success, time.perf_counter_ns() - start, queue_ns)
+
+    def _begin_request(self) -> None:
+        self._inflight += 1
+        self._idle.clear()
+
+    def _end_request(self) -> None:
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
 
     # ------------------------------------------------------------ repository
 

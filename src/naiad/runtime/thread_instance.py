@@ -28,20 +28,26 @@ class ThreadInstance:
 
 
 class InstancePool:
-    """The instances of one model version; idle instances are handed out first-come."""
+    """The instances of one model version (thread-run or request-level); idle ones are handed out first-come."""
 
-    def __init__(self, instances: list[ThreadInstance]) -> None:
+    def __init__(self, instances: list) -> None:
         self.instances = instances
         self._idle: asyncio.Queue[ThreadInstance] = asyncio.Queue()
         for inst in instances:
             self._idle.put_nowait(inst)
 
-    async def acquire(self) -> ThreadInstance:
+    async def acquire(self):  # -> ThreadInstance | RequestModelInstance
         return await self._idle.get()
 
-    def release(self, instance: ThreadInstance) -> None:
+    def release(self, instance) -> None:
         self._idle.put_nowait(instance)
 
-    def close(self) -> None:
+    def healthy(self) -> bool:
+        return all(getattr(inst, "healthy", lambda: True)() for inst in self.instances)
+
+    async def close(self) -> None:
         for inst in self.instances:
-            inst.close()
+            if isinstance(inst, ThreadInstance):
+                inst.close()
+            else:
+                await inst.aclose()

@@ -9,26 +9,53 @@ from typing import Protocol
 
 import numpy as np
 
-from naiad.backends.base import ExecutionBatch
+from naiad.backends.base import BackendRequest, BackendResponse, ExecutionBatch, RequestModelInstance
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
+from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import ThreadInstance
 
 
 @dataclass
 class WorkItem:
-    """One request as the model sees it: model-facing input arrays and the outputs it needs."""
+    """One request as the model sees it: model-facing input arrays and the outputs it needs.
+
+    `future` resolves with the (single) response; for decoupled models every response is put
+    on `stream` instead, the last one with final=True.
+    """
 
     inputs: dict[str, np.ndarray]
     output_names: list[str]
     batch_size: int
+    request: InferenceRequest | None = None
+    stream: asyncio.Queue | None = None
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     enqueue_ns: int = field(default_factory=time.perf_counter_ns)
     dispatch_ns: int = 0
 
+    def deliver(self, response: BackendResponse) -> None:
+        """Route one response of this request to its waiter (event-loop thread only)."""
+        if self.stream is not None:
+            self.stream.put_nowait(response)
+            if response.final and not self.future.done():
+                self.future.set_result(response)
+            return
+        if self.future.done():
+            return
+        if response.error is not None:
+            self.future.set_exception(response.error)
+        elif response.outputs is not None or response.final:
+            self.future.set_result(response)
+
+    def fail(self, error: NaiadError) -> None:
+        self.deliver(BackendResponse(None, error=error, final=True))
+
+
+Instance = ThreadInstance | RequestModelInstance
+
 
 class Scheduler(Protocol):
-    async def enqueue(self, item: WorkItem) -> dict[str, np.ndarray]: ...
+    async def enqueue(self, item: WorkItem) -> BackendResponse: ...
 
     def inflight(self) -> int: ...
 
@@ -44,10 +71,52 @@ def can_join(first: WorkItem, other: WorkItem) -> bool:
     return _batch_signature(first) == _batch_signature(other)
 
 
-async def execute_batch(
-    instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics
-) -> None:
-    """Run items as one execution and resolve each item's future with its slice of the outputs."""
+async def execute_batch(instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
+    """Run items as one execution; every item gets its response(s) or the execution's error."""
+    if isinstance(instance, ThreadInstance):
+        await _execute_tensor_batch(instance, items, batching, stats)
+    else:
+        await _execute_requests(instance, items, batching, stats)
+
+
+def _as_error(exc: Exception) -> NaiadError:
+    return exc if isinstance(exc, NaiadError) else internal(str(exc) or type(exc).__name__)
+
+
+async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
+    start = time.perf_counter_ns()
+    requests = []
+    for item in items:
+        item.dispatch_ns = start
+        request = item.request
+        requests.append(
+            BackendRequest(
+                inputs=item.inputs,
+                requested_outputs=item.output_names,
+                request_id=request.id if request else "",
+                correlation_id=request.sequence_id if request else 0,
+                flags=(1 if request and request.sequence_start else 0) | (2 if request and request.sequence_end else 0),
+                parameters=dict(request.parameters) if request else {},
+                timeout_us=request.timeout_us if request else 0,
+                model_name=request.model_name if request else "",
+                is_cancelled=item.future.cancelled,
+            )
+        )
+
+    def respond(index: int, response: BackendResponse) -> None:
+        items[index].deliver(response)
+
+    try:
+        await instance.execute_requests(requests, respond)
+    except Exception as exc:  # the whole batch failed before answering
+        error = _as_error(exc)
+        for item in items:
+            item.fail(error)
+    rows = sum(it.batch_size for it in items)
+    stats.record_execution(rows if batching else len(items), len(items), 0, time.perf_counter_ns() - start, 0)
+
+
+async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
     start = time.perf_counter_ns()
     for item in items:
         item.dispatch_ns = start
@@ -68,22 +137,20 @@ async def execute_batch(
         if len(items) == 1:
             results = [outputs]
         else:
+            for n in names:
+                if outputs[n].shape[:1] != (total,):
+                    raise internal(f"output '{n}' of a batch of {total} has shape {list(outputs[n].shape)}")
             results = []
             offset = 0
             for it in items:
                 rows = slice(offset, offset + it.batch_size)
                 results.append({n: outputs[n][rows] for n in it.output_names})
                 offset += it.batch_size
-            for n in names:
-                if outputs[n].shape[:1] != (total,):
-                    raise internal(f"output '{n}' of a batch of {total} has shape {list(outputs[n].shape)}")
         output_done = time.perf_counter_ns()
         stats.record_execution(total if batching else 1, len(items), input_done - start, infer_done - input_done, output_done - infer_done)
         for it, res in zip(items, results):
-            if not it.future.done():
-                it.future.set_result(res)
+            it.deliver(BackendResponse(res))
     except Exception as exc:  # every failure of the execution reaches each request of the batch
-        error = exc if isinstance(exc, NaiadError) else internal(str(exc) or type(exc).__name__)
+        error = _as_error(exc)
         for it in items:
-            if not it.future.done():
-                it.future.set_exception(error)
+            it.fail(error)

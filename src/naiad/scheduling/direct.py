@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
-
+from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, execute_batch
@@ -18,7 +17,7 @@ class DirectScheduler:
         self._batching = batching
         self._inflight = 0
 
-    async def enqueue(self, item: WorkItem) -> dict[str, np.ndarray]:
+    async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
         try:
             instance = await self._pool.acquire()
@@ -26,7 +25,7 @@ class DirectScheduler:
                 await execute_batch(instance, [item], self._batching, self._stats)
             finally:
                 self._pool.release(instance)
-            return item.future.result()
+            return await item.future
         finally:
             self._inflight -= 1
 

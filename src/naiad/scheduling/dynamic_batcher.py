@@ -7,12 +7,11 @@ import collections
 import contextlib
 import time
 
-import numpy as np
-
+from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
-from naiad.runtime.thread_instance import InstancePool, ThreadInstance
-from naiad.scheduling.base import WorkItem, can_join, execute_batch
+from naiad.runtime.thread_instance import InstancePool
+from naiad.scheduling.base import Instance, WorkItem, can_join, execute_batch
 
 
 class DynamicBatcher:
@@ -40,7 +39,7 @@ class DynamicBatcher:
         self._inflight = 0
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
-    async def enqueue(self, item: WorkItem) -> dict[str, np.ndarray]:
+    async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
         try:
             self._queue.append(item)
@@ -101,7 +100,7 @@ class DynamicBatcher:
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
-    async def _execute(self, instance: ThreadInstance, items: list[WorkItem]) -> None:
+    async def _execute(self, instance: Instance, items: list[WorkItem]) -> None:
         try:
             await execute_batch(instance, items, self._batching, self._stats)
         finally:
@@ -115,5 +114,4 @@ class DynamicBatcher:
             await asyncio.gather(*self._running, return_exceptions=True)
         while self._queue:
             item = self._queue.popleft()
-            if not item.future.done():
-                item.future.set_exception(unavailable("model is being unloaded"))
+            item.fail(unavailable("model is being unloaded"))
