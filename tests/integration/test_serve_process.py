@@ -54,24 +54,26 @@ def test_disabled_frontends_are_not_started(repo):
 
 def test_sigterm_lets_in_flight_requests_finish(repo):
     server = start_server(repo)
-    result: dict = {}
+    results: list[tuple[int, dict]] = []
 
-    def call() -> None:
-        body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [3.0]}]}
-        result["status"], result["body"] = _post_json(f"http://{server.http_url}/v2/models/slow/infer", body)
+    def call(value: float) -> None:
+        body = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1], "data": [value]}]}
+        results.append(_post_json(f"http://{server.http_url}/v2/models/slow/infer", body))
 
-    thread = threading.Thread(target=call)
-    thread.start()
-    # wait until the request is executing (pending count visible in metrics), not with a fixed sleep
+    threads = [threading.Thread(target=call, args=(v,)) for v in (3.0, 4.0)]
+    for thread in threads:
+        thread.start()
+    # one request executes on the single instance, the other waits for it: both are in flight
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
         if 'nv_inference_pending_request_count{model="slow",version="1"} 1.0' in text:
             break
     server.process.send_signal(signal.SIGTERM)
-    thread.join(30)
-    assert result.get("status") == 200, result
-    assert abs(result["body"]["outputs"][0]["data"][0] - 3.0) < 1e-3
+    for thread in threads:
+        thread.join(30)
+    assert sorted(status for status, _ in results) == [200, 200], results
+    assert sorted(round(body["outputs"][0]["data"][0]) for _, body in results) == [3, 4]
     assert server.process.wait(30) == 0
 
 

@@ -168,3 +168,20 @@ def slow_model(repo: Path, name: str = "slow", matmuls: int = 8) -> Path:
     config += 'instance_group [{ kind: KIND_CPU count: 1 }]\nparameters { key: "intra_op_thread_count" value: { string_value: "1" } }\n'
     write_config(model_dir, config)
     return model_dir
+
+
+def reshape_model(repo: Path, name: str = "reshape") -> Path:
+    """ONNX graph works on [batch, 2, 2]; config exposes dims [4] with reshape [2, 2] (and back for the output)."""
+    model_dir = repo / name
+    graph = helper.make_graph(
+        [helper.make_node("Transpose", ["X"], ["Y"], perm=[0, 2, 1])],
+        "reshape",
+        [_tensor("X", "FP32", ["batch", 2, 2])],
+        [_tensor("Y", "FP32", ["batch", 2, 2])],
+    )
+    _save(helper.make_model(graph), model_dir / "1" / "model.onnx")
+    config = f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
+    config += io_block("input", "X", "FP32", [4], "reshape: { shape: [2, 2] }")
+    config += io_block("output", "Y", "FP32", [4], "reshape: { shape: [2, 2] }")
+    write_config(model_dir, config)
+    return model_dir

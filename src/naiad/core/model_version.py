@@ -71,14 +71,7 @@ class ModelVersion:
 
     def _make_scheduler(self) -> Scheduler:
         if scheduler_kind(self.config) == "dynamic_batching":
-            batching = self.config.dynamic_batching
-            return DynamicBatcher(
-                self.pool,
-                self.stats,
-                self.max_batch_size,
-                list(batching.preferred_batch_size),
-                batching.max_queue_delay_microseconds,
-            )
+            return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching)
         return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)
 
     async def close(self) -> None:

@@ -279,7 +279,7 @@ class Server:
     def pending_requests(self) -> dict[tuple[str, str], int]:
         """Requests queued or executing, per loaded (model, version)."""
         return {
-            (name, str(v)): m.scheduler.inflight()
+            (name, str(v)): m.scheduler.pending()
             for name, record in self.models.records.items()
             for v, m in record.ready().items()
         }

@@ -16,11 +16,16 @@ class DirectScheduler:
         self._stats = stats
         self._batching = batching
         self._inflight = 0
+        self._waiting = 0
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
+        self._waiting += 1
         try:
-            instance = await self._pool.acquire()
+            try:
+                instance = await self._pool.acquire()
+            finally:
+                self._waiting -= 1
             try:
                 await execute_batch(instance, [item], self._batching, self._stats)
             finally:
@@ -31,6 +36,9 @@ class DirectScheduler:
 
     def inflight(self) -> int:
         return self._inflight
+
+    def pending(self) -> int:
+        return self._waiting
 
     async def stop(self) -> None:
         return None

@@ -1,83 +1,146 @@
-"""Dynamic batcher: gathers queued requests into batches up to max_batch_size within a queue delay."""
+"""Dynamic batcher: gathers queued requests into batches (preferred sizes, queue delay, priorities, timeouts)."""
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import time
+from collections.abc import Iterator
+
+from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Instance, WorkItem, can_join, execute_batch
+from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, PriorityLevel, build_levels, level_index
 
 
 class DynamicBatcher:
     """One batching loop per model version; each idle instance takes the next batch formed."""
 
-    def __init__(
-        self,
-        pool: InstancePool,
-        stats: ModelStatistics,
-        max_batch_size: int,
-        preferred_batch_sizes: list[int],
-        max_queue_delay_us: int,
-    ) -> None:
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching) -> None:
         self._pool = pool
         self._stats = stats
         self._max_rows = max(max_batch_size, 1)
         self._batching = max_batch_size > 0
-        # Batch as soon as the largest preferred size is reached; otherwise wait out the delay.
-        preferred = [s for s in preferred_batch_sizes if 0 < s <= self._max_rows]
-        self._target_rows = max(preferred) if preferred else self._max_rows
-        self._delay_ns = max_queue_delay_us * 1000
-        self._queue: collections.deque[WorkItem] = collections.deque()
+        preferred = sorted({s for s in batching.preferred_batch_size if 0 < s <= self._max_rows})
+        self._preferred = set(preferred) | {self._max_rows}
+        self._delay_ns = batching.max_queue_delay_microseconds * 1000
+        self._preserve_ordering = batching.preserve_ordering
+        self._levels, self._default_level = build_levels(batching)
         self._arrived = asyncio.Event()
         self._running: set[asyncio.Task] = set()
         self._inflight = 0
-        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+        self._release_tail: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()
+        self._loop_task = self._loop.create_task(self._run())
+
+    # ------------------------------------------------------------ admission
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
+        request = item.request
+        level = self._levels[level_index(request.priority if request else 0, len(self._levels), self._default_level)]
+        policy = level.policy
+        if policy.max_queue_size and level.size() >= policy.max_queue_size:
+            raise unavailable(QUEUE_FULL_MESSAGE)
+        timeout_us = policy.timeout_us(request.timeout_us if request else 0)
+        timer = None
+        if timeout_us:
+            timer = self._loop.call_later(timeout_us / 1e6, self._expire, item, level)
+        level.queue.append(item)
+        self._arrived.set()
+        previous, own = self._ordering_slot()
         self._inflight += 1
         try:
-            self._queue.append(item)
-            self._arrived.set()
             return await item.future
         finally:
             self._inflight -= 1
+            if timer is not None:
+                timer.cancel()
+            if own is not None:
+                await self._release_in_order(previous, own)
+
+    def _ordering_slot(self) -> tuple[asyncio.Future | None, asyncio.Future | None]:
+        if not self._preserve_ordering:
+            return None, None
+        previous = self._release_tail
+        own = self._loop.create_future()
+        self._release_tail = own
+        return previous, own
+
+    async def _release_in_order(self, previous: asyncio.Future | None, own: asyncio.Future) -> None:
+        """preserve_ordering: a response waits until every earlier request's response was released."""
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)
+        finally:
+            own.set_result(None)
+
+    def _expire(self, item: WorkItem, level: PriorityLevel) -> None:
+        """A queue timeout fired: REJECT fails the request now; DELAY moves it behind the others."""
+        if item.future.done() or item not in level.queue:
+            return
+        level.queue.remove(item)
+        if level.policy.delay_on_timeout:
+            level.delayed.append(item)
+        else:
+            item.fail(unavailable(TIMEOUT_MESSAGE))
 
     def inflight(self) -> int:
         return self._inflight
 
-    def _prefix(self) -> tuple[list[WorkItem], int]:
-        """The longest run of compatible, still-wanted requests from the head that fits in a batch."""
-        while self._queue and self._queue[0].future.done():
-            self._queue.popleft()
+    def pending(self) -> int:
+        return sum(level.size() for level in self._levels)
+
+    # ------------------------------------------------------------ batch formation
+
+    def _candidates(self) -> Iterator[WorkItem]:
+        """Queued requests in scheduling order: levels highest first, then the delayed ones."""
+        for level in self._levels:
+            yield from level.queue
+        for level in self._levels:
+            yield from level.delayed
+
+    def _prefix(self) -> list[WorkItem]:
+        """The longest run of compatible, still-wanted requests that fits in one batch."""
         items: list[WorkItem] = []
         rows = 0
-        for item in self._queue:
+        for item in self._candidates():
             if item.future.done():
                 continue
             if items and (not self._batching or not can_join(items[0], item)):
                 break
-            if rows + item.batch_size > self._max_rows and items:
+            if items and rows + item.batch_size > self._max_rows:
                 break
             items.append(item)
             rows += item.batch_size
             if not self._batching:
                 break
-        return items, rows
+        return items
 
-    async def _wait_for_batch(self) -> list[WorkItem]:
+    def _preferred_cut(self, items: list[WorkItem]) -> int:
+        """Length of the largest prefix whose rows equal a preferred size (0 if none)."""
+        rows, cut = 0, 0
+        for index, item in enumerate(items, start=1):
+            rows += item.batch_size
+            if rows in self._preferred:
+                cut = index
+        return cut
+
+    async def _next_batch(self) -> list[WorkItem]:
         while True:
-            items, rows = self._prefix()
+            self._drop_finished()
+            items = self._prefix()
             if not items:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            if rows >= self._target_rows or self._delay_ns == 0:
+            cut = self._preferred_cut(items)
+            if cut:
+                return items[:cut]
+            if self._delay_ns == 0:
                 return items
             remaining = items[0].enqueue_ns + self._delay_ns - time.perf_counter_ns()
             if remaining <= 0:
@@ -86,17 +149,33 @@ class DynamicBatcher:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._arrived.wait(), remaining / 1e9)
 
+    def _drop_finished(self) -> None:
+        for level in self._levels:
+            for queue in (level.queue, level.delayed):
+                while queue and queue[0].future.done():
+                    queue.popleft()
+
+    def _take(self, items: list[WorkItem]) -> None:
+        chosen = {id(it) for it in items}
+        for level in self._levels:
+            for queue in (level.queue, level.delayed):
+                while queue and id(queue[0]) in chosen:
+                    queue.popleft()
+                if any(id(it) in chosen for it in queue):
+                    kept = [it for it in queue if id(it) not in chosen]
+                    queue.clear()
+                    queue.extend(kept)
+
     async def _run(self) -> None:
         while True:
             instance = await self._pool.acquire()
             try:
-                items = await self._wait_for_batch()
+                items = await self._next_batch()
             except asyncio.CancelledError:
                 self._pool.release(instance)
                 raise
-            chosen = set(map(id, items))
-            self._queue = collections.deque(it for it in self._queue if id(it) not in chosen)
-            task = asyncio.get_running_loop().create_task(self._execute(instance, items))
+            self._take(items)
+            task = self._loop.create_task(self._execute(instance, items))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 
@@ -112,6 +191,8 @@ class DynamicBatcher:
             await self._loop_task
         if self._running:
             await asyncio.gather(*self._running, return_exceptions=True)
-        while self._queue:
-            item = self._queue.popleft()
+        for item in list(self._candidates()):
             item.fail(unavailable("model is being unloaded"))
+        for level in self._levels:
+            level.queue.clear()
+            level.delayed.clear()

@@ -194,3 +194,15 @@ def test_poll_mode_picks_up_new_changed_and_removed_models(tmp_path):
         assert wait_for(lambda: all(e.get("state") != "READY" for e in srv.repository_index() if e["name"] == "b"))
         with pytest.raises(NaiadError):
             asyncio.run_coroutine_threadsafe(srv.load_model("a"), srv._loop).result()
+
+
+def test_reshape_is_applied_both_ways(tmp_path):
+    from tests.support.onnx_models import reshape_model
+
+    reshape_model(tmp_path)
+    with naiad.Server(model_repository=str(tmp_path)) as srv:
+        x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        y = srv.infer("reshape", {"X": x})["Y"]
+        assert y.shape == (2, 4)
+        np.testing.assert_array_equal(y, x.reshape(2, 2, 2).transpose(0, 2, 1).reshape(2, 4))
+        assert srv.model_metadata("reshape")["inputs"][0]["shape"] == [-1, 4]

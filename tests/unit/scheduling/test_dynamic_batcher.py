@@ -1,0 +1,248 @@
+"""Dynamic batcher behaviour: preferred sizes, delay, priorities, queue size, timeouts, ordering."""
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import ExecutionBatch
+from naiad.observability.statistics import ModelStatistics
+from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.types import InferenceRequest
+from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+from naiad.scheduling.base import WorkItem
+from naiad.scheduling.dynamic_batcher import DynamicBatcher
+
+
+class RecordingInstance:
+    """A backend instance that echoes X as Y, records batch sizes, and can be held at a gate."""
+
+    def __init__(self) -> None:
+        self.name = "rec_0"
+        self.batches: list[list[float]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.delays: dict[float, float] = {}
+
+    def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
+        self.gate.wait(10)
+        values = batch.inputs["X"][:, 0].tolist()
+        self.batches.append(values)
+        for v in values:
+            if v in self.delays:
+                time.sleep(self.delays[v])
+        return {"Y": batch.inputs["X"].copy()}
+
+    def close(self) -> None:
+        pass
+
+
+def _config(**kw) -> mc.ModelDynamicBatching:
+    policy = kw.pop("policy", None)
+    levels = kw.pop("levels", None)
+    cfg = mc.ModelDynamicBatching(**kw)
+    if policy:
+        cfg.default_queue_policy.CopyFrom(policy)
+    if levels:
+        cfg.priority_levels = levels
+        cfg.default_priority_level = levels
+    return cfg
+
+
+def _item(value: float, priority: int = 0, timeout_us: int = 0) -> WorkItem:
+    request = InferenceRequest(model_name="m", inputs=[], priority=priority, timeout_us=timeout_us)
+    return WorkItem({"X": np.full((1, 1), value, np.float32)}, ["Y"], 1, request=request)
+
+
+async def _with_batcher(config, body, max_batch_size=8, instances=1):
+    recs = [RecordingInstance() for _ in range(instances)]
+    pool = InstancePool([ThreadInstance(r) for r in recs])
+    batcher = DynamicBatcher(pool, ModelStatistics("m", "1"), max_batch_size, config)
+    try:
+        return await body(batcher, recs[0])
+    finally:
+        await batcher.stop()
+        await pool.close()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_requests_queued_behind_a_busy_instance_form_one_batch():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in (1, 2, 3)]
+        await asyncio.sleep(0.05)
+        rec.gate.set()
+        results = await asyncio.gather(first, *rest)
+        assert [r.outputs["Y"][0, 0] for r in results] == [0, 1, 2, 3]
+        return rec.batches
+
+    batches = run(_with_batcher(_config(), body))
+    assert batches == [[0.0], [1.0, 2.0, 3.0]]
+
+
+def test_preferred_size_cuts_the_batch():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in (1, 2, 3, 4, 5)]
+        await asyncio.sleep(0.05)
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(preferred_batch_size=[2, 4]), body))
+    assert batches[1] == [1.0, 2.0, 3.0, 4.0] and batches[2] == [5.0]
+
+
+def test_queue_delay_waits_for_more_requests():
+    async def body(batcher, rec):
+        tasks = [asyncio.create_task(batcher.enqueue(_item(0)))]
+        await asyncio.sleep(0.02)
+        tasks.append(asyncio.create_task(batcher.enqueue(_item(1))))
+        await asyncio.gather(*tasks)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(max_queue_delay_microseconds=300_000), body))
+    assert batches == [[0.0, 1.0]]
+
+
+def test_max_queue_size_rejects_with_unavailable():
+    policy = mc.ModelQueuePolicy(max_queue_size=1)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.05)  # executing, queue empty
+        second = asyncio.create_task(batcher.enqueue(_item(1)))
+        await asyncio.sleep(0.01)
+        with pytest.raises(NaiadError) as err:
+            await batcher.enqueue(_item(2))
+        rec.gate.set()
+        await asyncio.gather(first, second)
+        return err.value
+
+    error = run(_with_batcher(_config(policy=policy), body))
+    assert error.code is ErrorCode.UNAVAILABLE and error.message == "Exceeds maximum queue size"
+
+
+def test_timeout_rejects_on_time_even_when_no_batch_forms():
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=100_000)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.02)
+        started = time.monotonic()
+        with pytest.raises(NaiadError) as err:
+            await batcher.enqueue(_item(1))
+        waited = time.monotonic() - started
+        rec.gate.set()
+        await first
+        return err.value, waited
+
+    error, waited = run(_with_batcher(_config(policy=policy), body))
+    assert error.code is ErrorCode.UNAVAILABLE and error.message == "Request timeout expired"
+    assert waited < 2.0  # fired by its timer while the instance was still busy
+
+
+def test_request_timeout_override_only_when_allowed():
+    strict = mc.ModelQueuePolicy(allow_timeout_override=False)
+    allowed = mc.ModelQueuePolicy(allow_timeout_override=True)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.02)
+        second = asyncio.create_task(batcher.enqueue(_item(1, timeout_us=20_000)))
+        await asyncio.sleep(0.15)
+        rec.gate.set()
+        await first
+        try:
+            await second
+            return "served"
+        except NaiadError as exc:
+            return exc.message
+
+    assert run(_with_batcher(_config(policy=strict), body)) == "served"
+    assert run(_with_batcher(_config(policy=allowed), body)) == "Request timeout expired"
+
+
+def test_delay_action_batches_expired_requests_last():
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=20_000, timeout_action=mc.ModelQueuePolicy.DELAY)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.02)
+        late = asyncio.create_task(batcher.enqueue(_item(1)))
+        await asyncio.sleep(0.1)  # item 1 timed out -> delayed
+        fresh = asyncio.create_task(batcher.enqueue(_item(2)))
+        await asyncio.sleep(0.01)
+        rec.gate.set()
+        await asyncio.gather(first, late, fresh)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(policy=policy), body, max_batch_size=1))
+    assert batches == [[0.0], [2.0], [1.0]]
+
+
+def test_priorities_served_highest_first():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.02)
+        low = asyncio.create_task(batcher.enqueue(_item(1, priority=2)))
+        default = asyncio.create_task(batcher.enqueue(_item(2, priority=0)))  # default level = 2
+        high = asyncio.create_task(batcher.enqueue(_item(3, priority=1)))
+        beyond = asyncio.create_task(batcher.enqueue(_item(4, priority=9)))  # beyond levels -> default
+        await asyncio.sleep(0.01)
+        rec.gate.set()
+        await asyncio.gather(first, low, default, high, beyond)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(levels=2), body, max_batch_size=1))
+    assert batches == [[0.0], [3.0], [1.0], [2.0], [4.0]]
+
+
+def test_preserve_ordering_releases_in_arrival_order():
+    async def body(batcher, rec):
+        done: list[float] = []
+
+        async def call(v):
+            await batcher.enqueue(_item(v))
+            done.append(v)
+
+        rec.delays = {0.0: 0.2}
+        await asyncio.gather(call(0.0), call(1.0))
+        return done
+
+    order = run(_with_batcher(_config(preserve_ordering=True), body, max_batch_size=1, instances=2))
+    assert order == [0.0, 1.0]
+
+
+def test_cancelled_request_is_not_executed():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.02)
+        doomed = asyncio.create_task(batcher.enqueue(_item(1)))
+        await asyncio.sleep(0.01)
+        doomed.cancel()
+        await asyncio.sleep(0.01)
+        rec.gate.set()
+        await first
+        kept = await batcher.enqueue(_item(2))
+        assert kept.outputs["Y"][0, 0] == 2
+        return rec.batches
+
+    batches = run(_with_batcher(_config(), body))
+    assert [1.0] not in batches and all(1.0 not in b for b in batches)
