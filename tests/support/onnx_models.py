@@ -185,3 +185,25 @@ def reshape_model(repo: Path, name: str = "reshape") -> Path:
     config += io_block("output", "Y", "FP32", [4], "reshape: { shape: [2, 2] }")
     write_config(model_dir, config)
     return model_dir
+
+
+def ensemble_model(repo: Path, name: str, steps: list[tuple[str, dict[str, str], dict[str, str]]],
+                   inputs: list[tuple[str, str, list[int]]], outputs: list[tuple[str, str, list[int]]],
+                   max_batch_size: int = 8) -> Path:
+    """An ensemble directory: steps are (model, input_map, output_map); an empty version dir 1/."""
+    model_dir = repo / name
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    config = f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
+    for n, dt, dims in inputs:
+        config += io_block("input", n, dt, dims)
+    for n, dt, dims in outputs:
+        config += io_block("output", n, dt, dims)
+    config += "ensemble_scheduling { step ["
+    parts = []
+    for model, input_map, output_map in steps:
+        maps = "".join(f' input_map {{ key: "{k}" value: "{v}" }}' for k, v in input_map.items())
+        maps += "".join(f' output_map {{ key: "{k}" value: "{v}" }}' for k, v in output_map.items())
+        parts.append(f'{{ model_name: "{model}" model_version: -1{maps} }}')
+    config += ", ".join(parts) + "] }\n"
+    write_config(model_dir, config)
+    return model_dir

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import shutil
 import tempfile
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from naiad.backends.registry import BackendRegistry
+from naiad.config.ensemble import composing_models
 from naiad.config.model_config import ConfigError
 from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
@@ -20,6 +22,9 @@ from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, 
 from naiad.repository.local import ModelLocation, directory_fingerprint, scan_repositories, version_directories
 
 log = logging.getLogger("naiad.lifecycle")
+
+# Names of the ensembles being loaded by the current task chain (cycle detection).
+_LOADING: contextvars.ContextVar[frozenset] = contextvars.ContextVar("naiad_loading", default=frozenset())
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 
@@ -40,6 +45,7 @@ class ModelRecord:
     fingerprint: tuple | None = None
     config_override: str | None = None
     override_dir: Path | None = None
+    dependency_of: set[str] = field(default_factory=set)  # ensembles that loaded this model for themselves
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def ready(self) -> dict[int, ModelVersion]:
@@ -198,12 +204,18 @@ class ModelLifecycle:
         except (ConfigError, OSError, ValueError) as exc:
             self._mark_failed(record, model_dir, str(exc))
             raise self._load_error(record) from None
+        if prepared.config.platform == "ensemble":
+            try:
+                await self._load_dependencies(prepared.config)
+            except NaiadError as exc:
+                self._mark_failed(record, model_dir, exc.message)
+                raise self._load_error(record) from None
         new_versions: dict[int, ModelVersion] = {}
         failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
         for version in sorted(prepared.versions):
             try:
-                instances = await self._create_instances(prepared, version)
-                new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances)
+                instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
+                new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances, self.services)
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
                 failed[version] = str(exc) or type(exc).__name__
                 log.error("failed to load '%s' version %d: %s", name, version, failed[version])
@@ -232,6 +244,38 @@ class ModelLifecycle:
         await asyncio.gather(*(self._retire(m) for m in old.values()))
         if failed:
             raise self._load_error(record, failed)
+
+    async def _load_dependencies(self, config) -> None:
+        """An ensemble loads (or waits for) its composing models and checks their tensor names."""
+        chain = _LOADING.get()
+        if config.name in chain:
+            raise invalid_arg(f"circular dependency: ensemble '{config.name}' includes itself through {sorted(chain)}")
+        token = _LOADING.set(chain | {config.name})
+        try:
+            for dependency in composing_models(config):
+                if dependency in chain or dependency == config.name:
+                    raise invalid_arg(f"circular dependency between ensemble '{config.name}' and '{dependency}'")
+                record = self.records.get(dependency)
+                if record is None or not record.ready():
+                    try:
+                        await self.load(dependency)
+                    except NaiadError as exc:
+                        raise invalid_arg(f"composing model '{dependency}' of ensemble '{config.name}' failed to load: {exc.message.strip()}") from None
+                    self.records[dependency].dependency_of.add(config.name)
+        finally:
+            _LOADING.reset(token)
+        for index, step in enumerate(config.ensemble_scheduling.step):
+            version = str(step.model_version) if step.model_version >= 0 else ""
+            try:
+                model = self.lookup(step.model_name, version)
+            except NaiadError as exc:
+                raise invalid_arg(f"ensemble '{config.name}' step {index}: {exc.message}") from None
+            for key in step.input_map:
+                if key not in model.inputs:
+                    raise invalid_arg(f"ensemble '{config.name}' step {index}: '{key}' is not an input of model '{model.name}'")
+            for key in step.output_map:
+                if key not in model.outputs:
+                    raise invalid_arg(f"ensemble '{config.name}' step {index}: '{key}' is not an output of model '{model.name}'")
 
     async def _create_instances(self, prepared: PreparedModel, version: int) -> list:
         """Create every instance of a version in parallel; on any failure close those already made."""
@@ -285,10 +329,23 @@ class ModelLifecycle:
             await asyncio.sleep(0.005)
         await model.close()
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """Unload; with unload_dependents also the composing models loaded only for this ensemble."""
         record = self.records.get(name)
         if record is None:
             return
+        dependencies = [
+            r.name for r in self.records.values() if name in r.dependency_of
+        ] if unload_dependents else []
+        await self._unload_one(record)
+        for dependency in dependencies:
+            dep = self.records[dependency]
+            dep.dependency_of.discard(name)
+            if not dep.dependency_of:
+                await self.unload(dependency, unload_dependents=True)
+
+    async def _unload_one(self, record: ModelRecord) -> None:
+        name = record.name
         async with record.lock:
             serving = {v: s for v, s in record.versions.items() if s.model is not None}
             for state in serving.values():

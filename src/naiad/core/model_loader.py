@@ -10,6 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
+from naiad.config.ensemble import check_ensemble_graph
 from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
 from naiad.config.model_config import ConfigError, load_config_file, parse_config_json
 from naiad.config.server_config import ServerConfig
@@ -87,6 +88,8 @@ def prepare_model(
     fill_defaults(config)
     fill_instance_groups(config, gpu_count())
     validate_config(config, source, text)
+    if config.platform == "ensemble":
+        check_ensemble_graph(config, source)
     versions, missing = select_versions(config, available)
     return PreparedModel(config, model_dir, versions, missing)
 

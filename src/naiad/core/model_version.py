@@ -8,12 +8,14 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.observability.statistics import ModelStatistics
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
+from naiad.scheduling.ensemble import EnsembleScheduler
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,9 @@ def _labels(model_dir: Path, filename: str) -> tuple[str, ...]:
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
-    def __init__(self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list) -> None:
+    def __init__(
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list, services: ServerServices | None = None
+    ) -> None:
         self.config = config
         self.name = config.name
         self.version = version
@@ -67,9 +71,13 @@ class ModelVersion:
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         self.stats = ModelStatistics(self.name, self.version_str)
         self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
-        self.scheduler = self._make_scheduler()
+        self.scheduler = self._make_scheduler(services)
 
-    def _make_scheduler(self) -> Scheduler:
+    def _make_scheduler(self, services: ServerServices | None) -> Scheduler:
+        if self.config.platform == "ensemble":
+            if services is None:
+                raise ValueError(f"ensemble '{self.name}' needs a server to run its steps")
+            return EnsembleScheduler(self.config, services, self.stats)
         if scheduler_kind(self.config) == "dynamic_batching":
             return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching)
         return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)

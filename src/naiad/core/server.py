@@ -254,7 +254,7 @@ class Server:
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self._check_explicit()
-        await self.models.unload(name)
+        await self.models.unload(name, unload_dependents)
 
     # ------------------------------------------------------------ statistics
 
