@@ -57,6 +57,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repository-poll-secs", type=float, default=d.repository_poll_secs)
     parser.add_argument("--model-load-thread-count", type=int, default=d.model_load_thread_count)
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE")
+    parser.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+                        help="enable the response cache for models with response_cache { enable: true }")
+    parser.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: local cache size")
     _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
     parser.add_argument("--exit-timeout-secs", type=float, default=d.exit_timeout_secs)
     parser.add_argument("--log-verbose", type=int, default=d.log_verbose)
@@ -71,6 +74,16 @@ def _backend_config(entries: list[str]) -> dict[str, dict[str, str]]:
             raise SystemExit(f"--backend-config expects [<backend>,]<key>=<value>, got '{entry}'")
         result.setdefault(head, {})[key] = value
     return result
+
+
+def _cache_bytes(args: argparse.Namespace) -> int | None:
+    from naiad.core.response_cache import parse_cache_config
+
+    try:
+        size = parse_cache_config(args.cache_config)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return size if size is not None else args.response_cache_byte_size
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -99,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model_load_thread_count=args.model_load_thread_count,
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
+        response_cache_bytes=_cache_bytes(args),
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
     )

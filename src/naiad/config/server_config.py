@@ -34,6 +34,7 @@ class ServerConfig:
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    response_cache_bytes: int | None = None  # --cache-config local,size=N
     # shared memory
     allow_client_shm: bool = True
     # lifecycle and logging

@@ -19,6 +19,7 @@ from naiad.config.model_config import config_to_dict
 from naiad.config.server_config import ServerConfig
 from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
+from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import NaiadError, internal, invalid_arg, unavailable, unsupported
@@ -55,6 +56,7 @@ class Server:
         self.shared_memory = SystemSharedMemoryRegistry(enabled=config.allow_client_shm)
         self.backends = BackendRegistry()
         self.models = ModelLifecycle(config, self.backends, services=self)
+        self.response_cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
         self._live = False
         self._exiting = False
         self._inflight = 0
@@ -175,6 +177,17 @@ class Server:
         item = validate_request(model, request)
         item.request = request
         start = time.perf_counter_ns()
+        key = None
+        if self.response_cache is not None and model.config.response_cache.enable:
+            key = cache_key(model.name, model.version_str, request.inputs)
+            cached = self.response_cache.get(key)
+            if cached is not None and set(item.output_names) <= cached.outputs.keys():
+                response = build_response(model, request, cached.outputs, self.shared_memory)
+                response.parameters = dict(cached.parameters)
+                elapsed = time.perf_counter_ns() - start
+                model.stats.record_cache(True, elapsed)
+                model.stats.record_request(True, elapsed, 0)
+                return response
         self._begin_request()
         try:
             result = await model.scheduler.enqueue(item)
@@ -182,6 +195,10 @@ class Server:
                 raise internal(f"model '{model.name}' completed the request without a response")
             response = build_response(model, request, result.outputs, self.shared_memory)
             response.parameters = dict(result.parameters)
+            if key is not None and self.response_cache is not None:
+                insert_start = time.perf_counter_ns()
+                self.response_cache.put(key, result.outputs, result.parameters)
+                model.stats.record_cache(False, time.perf_counter_ns() - insert_start)
         except NaiadError:
             model.stats.record_request(False, time.perf_counter_ns() - start, None)
             raise

@@ -38,7 +38,19 @@ class StatisticsCollector:
                 families[name].add_metric(key, inference[field][unit] // divisor)
             count.add_metric(key, entry["inference_count"])
             execs.add_metric(key, entry["execution_count"])
+        hits = CounterMetricFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=labels)
+        misses = CounterMetricFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=labels)
+        hit_us = CounterMetricFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=labels)
+        miss_us = CounterMetricFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert + lookup) duration per model, in microseconds", labels=labels)
+        for entry in stats:
+            key = [entry["name"], entry["version"]]
+            inference = entry["inference_stats"]
+            hits.add_metric(key, inference["cache_hit"]["count"])
+            misses.add_metric(key, inference["cache_miss"]["count"])
+            hit_us.add_metric(key, inference["cache_hit"]["ns"] // 1000)
+            miss_us.add_metric(key, inference["cache_miss"]["ns"] // 1000)
         yield from families.values()
+        yield from (hits, misses, hit_us, miss_us)
         yield count
         yield execs
         pending = GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.", labels=labels)

@@ -50,6 +50,10 @@ class ModelStatistics:
                 self._inference["queue"].add(queue_ns)
             self.last_inference_ms = int(time.time() * 1000)
 
+    def record_cache(self, hit: bool, ns: int) -> None:
+        with self._lock:
+            self._inference["cache_hit" if hit else "cache_miss"].add(ns)
+
     def record_execution(self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One executed batch of `request_count` requests totalling `batch_size` rows."""
         with self._lock:

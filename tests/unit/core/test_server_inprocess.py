@@ -206,3 +206,35 @@ def test_reshape_is_applied_both_ways(tmp_path):
         assert y.shape == (2, 4)
         np.testing.assert_array_equal(y, x.reshape(2, 2, 2).transpose(0, 2, 1).reshape(2, 4))
         assert srv.model_metadata("reshape")["inputs"][0]["shape"] == [-1, 4]
+
+
+def test_response_cache_hits_skip_the_model(tmp_path):
+    model_dir = add_sub_model(tmp_path, "cached")
+    (model_dir / "config.pbtxt").write_text((model_dir / "config.pbtxt").read_text() + "response_cache { enable: true }\n")
+    add_sub_model(tmp_path, "uncached")
+    with naiad.Server(model_repository=str(tmp_path), response_cache_bytes=1 << 20) as srv:
+        a = np.ones((1, 16), np.float32)
+        for _ in range(3):
+            assert srv.infer("cached", {"INPUT0": a, "INPUT1": a})["OUTPUT0"][0, 0] == 2
+            srv.infer("uncached", {"INPUT0": a, "INPUT1": a})
+        assert srv.infer("cached", {"INPUT0": a * 2, "INPUT1": a})["OUTPUT0"][0, 0] == 3
+        stats = {s["name"]: s for s in srv.model_statistics()["model_stats"]}
+        cached = stats["cached"]
+        assert cached["inference_stats"]["cache_hit"]["count"] == 2
+        assert cached["inference_stats"]["cache_miss"]["count"] == 2
+        assert cached["execution_count"] == 2 and cached["inference_stats"]["success"]["count"] == 4
+        assert stats["uncached"]["inference_stats"]["cache_hit"]["count"] == 0
+        assert stats["uncached"]["execution_count"] == 3
+
+
+def test_response_cache_is_bounded_lru():
+    from naiad.core.response_cache import ResponseCache
+
+    cache = ResponseCache(capacity_bytes=100)
+    cache.put("a", {"x": np.zeros(10, np.float32)}, {})  # 40 bytes
+    cache.put("b", {"x": np.zeros(10, np.float32)}, {})
+    assert cache.get("a") is not None  # a is now most recent
+    cache.put("c", {"x": np.zeros(10, np.float32)}, {})  # evicts b
+    assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
+    cache.put("huge", {"x": np.zeros(100, np.float32)}, {})
+    assert cache.get("huge") is None and cache.usage() == (2, 80)
