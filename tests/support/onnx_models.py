@@ -207,3 +207,41 @@ def ensemble_model(repo: Path, name: str, steps: list[tuple[str, dict[str, str],
     config += ", ".join(parts) + "] }\n"
     write_config(model_dir, config)
     return model_dir
+
+
+def accumulator_model(repo: Path, name: str = "accumulator", strategy: str = "direct { }", idle_us: int = 5_000_000) -> Path:
+    """Stateful sum: OUTPUT = STATE_IN * (1 - START) + INPUT; STATE_OUT = OUTPUT; CORRID echoed as CID."""
+    model_dir = repo / name
+    nodes = [
+        helper.make_node("Sub", ["ONE", "START"], ["KEEP"]),
+        helper.make_node("Mul", ["STATE_IN", "KEEP"], ["KEPT"]),
+        helper.make_node("Add", ["KEPT", "INPUT"], ["OUTPUT"]),
+        helper.make_node("Identity", ["OUTPUT"], ["STATE_OUT"]),
+        helper.make_node("Identity", ["CORRID"], ["CID"]),
+    ]
+    one = numpy_helper.from_array(np.ones((1, 1), dtype=np.float32), "ONE")
+    graph = helper.make_graph(
+        nodes, "accumulator",
+        [_tensor("INPUT", "FP32", ["b", 1]), _tensor("START", "FP32", ["b", 1]), _tensor("STATE_IN", "FP32", ["b", 1]),
+         _tensor("CORRID", "UINT64", ["b", 1])],
+        [_tensor("OUTPUT", "FP32", ["b", 1]), _tensor("STATE_OUT", "FP32", ["b", 1]), _tensor("CID", "UINT64", ["b", 1])],
+        initializer=[one],
+    )
+    _save(helper.make_model(graph), model_dir / "1" / "model.onnx")
+    config = f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
+    config += io_block("input", "INPUT", "FP32", [1])
+    config += "output [" + ", ".join(f'{{ name: "{n}" data_type: {t} dims: [1] }}' for n, t in (("OUTPUT", "TYPE_FP32"), ("CID", "TYPE_UINT64"))) + "]\n"
+    config += f"""sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  {strategy}
+  control_input [
+    {{ name: "START" control [{{ kind: CONTROL_SEQUENCE_START fp32_false_true: [0, 1] }}] }},
+    {{ name: "CORRID" control [{{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }}] }}
+  ]
+  state [{{ input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_FP32 dims: [1]
+            initial_state {{ data_type: TYPE_FP32 dims: [1] zero_data: true name: "zero" }} }}]
+}}
+instance_group [{{ kind: KIND_CPU count: 1 }}]
+"""
+    write_config(model_dir, config)
+    return model_dir

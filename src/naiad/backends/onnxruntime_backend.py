@@ -86,9 +86,12 @@ class OnnxRuntimeBackend:
                 f"model '{config.name}' has max_batch_size {config.max_batch_size} but the first dimension of "
                 "its ONNX inputs/outputs is not dynamic, so it cannot batch (set max_batch_size: 0)"
             )
+        provided = _batcher_provided(config)
         for field, graph_tensors in ((config.input, inputs), (config.output, outputs)):
             declared = {t.name: t for t in field}
             for tensor in graph_tensors:
+                if tensor.name in provided and tensor.name not in declared:
+                    continue  # control and state tensors come from the sequence batcher
                 data_type = ORT_TO_CONFIG.get(tensor.type)
                 if data_type is None:
                     raise ConfigError(f"ONNX tensor '{tensor.name}' has unsupported type {tensor.type}")
@@ -124,6 +127,15 @@ class OnnxRuntimeBackend:
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> OnnxRuntimeInstance:
         return OnnxRuntimeInstance(source, spec)
+
+
+def _batcher_provided(config: mc.ModelConfig) -> set[str]:
+    """Sequence control inputs and implicit-state tensors: the batcher feeds them, clients never do."""
+    sequence = config.sequence_batching
+    names = {c.name for c in sequence.control_input}
+    for state in sequence.state:
+        names.update((state.input_name, state.output_name))
+    return names
 
 
 def _session_options(config: mc.ModelConfig) -> ort.SessionOptions:

@@ -16,6 +16,7 @@ from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.ensemble import EnsembleScheduler
+from naiad.scheduling.sequence_batcher import SequenceBatcher
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class ModelVersion:
             for t in config.output
         }
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
+        self._model_dir = model_dir
         self.stats = ModelStatistics(self.name, self.version_str)
         self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
         self.scheduler = self._make_scheduler(services)
@@ -78,6 +80,8 @@ class ModelVersion:
             if services is None:
                 raise ValueError(f"ensemble '{self.name}' needs a server to run its steps")
             return EnsembleScheduler(self.config, services, self.stats)
+        if scheduler_kind(self.config) == "sequence_batching":
+            return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir)
         if scheduler_kind(self.config) == "dynamic_batching":
             return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching)
         return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)

@@ -37,21 +37,44 @@ def _model_facing(array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndar
     return array.reshape(tuple(lead) + tuple(target))
 
 
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def _check_input_count(model: ModelVersion, request: InferenceRequest, prefix: str) -> None:
+    """Triton checks the number of inputs before anything else, naming the missing ones."""
+    given = [inp.name for inp in request.inputs]
+    count = len(given)
+    if model.required_inputs <= count <= len(model.inputs):
+        return
+    missing = [n for n, spec in model.inputs.items() if not spec.optional and n not in given]
+    if model.required_inputs == len(model.inputs):
+        expected = f"expected {len(model.inputs)} inputs but got {count} inputs for model '{model.name}'"
+    else:
+        expected = (
+            f"expected number of inputs between {model.required_inputs} and {len(model.inputs)} but got {count} "
+            f"inputs for model '{model.name}'"
+        )
+    raise invalid_arg(
+        f"{prefix}{expected}. Got input(s) {_names(given)}, but missing required input(s) {_names(missing)}. "
+        "Please provide all required input(s)."
+    )
+
+
 def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem:
     """Return the WorkItem for a valid request, or raise INVALID_ARG with Triton's message."""
     prefix = request_prefix(request.id)
     name = model.name
     batched = model.max_batch_size > 0
-    seen: set[str] = set()
+    _check_input_count(model, request, prefix)
     inputs: dict[str, np.ndarray] = {}
     batch_size = 1
     for inp in request.inputs:
         spec = model.inputs.get(inp.name)
         if spec is None:
-            raise invalid_arg(f"{prefix}unexpected inference input '{inp.name}' for model '{name}'")
-        if inp.name in seen:
+            raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{name}'")
+        if inp.name in inputs:
             raise invalid_arg(f"{prefix}input '{inp.name}' already exists in request")
-        seen.add(inp.name)
         if inp.datatype != spec.datatype:
             raise invalid_arg(
                 f"{prefix}inference input '{inp.name}' data-type is '{inp.datatype}', but model '{name}' expects "
@@ -60,10 +83,10 @@ def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem
         shape = tuple(inp.shape)
         expected = ((-1,) + spec.dims) if batched else spec.dims
         if not _shape_matches(expected, shape):
-            note = f" {_BATCH_NOTE}" if batched and len(shape) != len(expected) else ""
+            note = _BATCH_NOTE if batched else ""
             raise invalid_arg(
                 f"{prefix}unexpected shape for input '{inp.name}' for model '{name}'. Expected {_fmt(expected)}, "
-                f"got {_fmt(shape)}.{note}"
+                f"got {_fmt(shape)}. {note}"
             )
         if batched:
             rows = shape[0]
@@ -75,24 +98,13 @@ def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem
                 raise invalid_arg(f"{prefix}input '{inp.name}' batch size does not match other inputs for '{name}'")
             batch_size = rows
         inputs[inp.name] = _model_facing(inp.data, spec, batched)
-    if len(seen) < model.required_inputs or len(seen) > len(model.inputs):
-        missing = [n for n, s in model.inputs.items() if not s.optional and n not in seen]
-        if model.required_inputs == len(model.inputs):
-            detail = f"expected {len(model.inputs)} inputs but got {len(seen)} inputs for model '{name}'"
-        else:
-            detail = (
-                f"expected number of inputs between {model.required_inputs} and {len(model.inputs)} but got "
-                f"{len(seen)} inputs for model '{name}'"
-            )
-        if missing:
-            detail += f". Got input(s) {sorted(seen)}, but missing required input(s) {missing}. Please provide all required input(s)."
-        raise invalid_arg(f"{prefix}{detail}")
     if request.outputs:
-        output_names = []
+        wanted = set()
         for out in request.outputs:
             if out.name not in model.outputs:
                 raise invalid_arg(f"unexpected inference output '{out.name}' for model '{name}'")
-            output_names.append(out.name)
+            wanted.add(out.name)
+        output_names = [n for n in model.outputs if n in wanted]  # responses follow the model's output order
     else:
         output_names = list(model.outputs)
-    return WorkItem(inputs=inputs, output_names=list(dict.fromkeys(output_names)), batch_size=batch_size)
+    return WorkItem(inputs=inputs, output_names=output_names, batch_size=batch_size)

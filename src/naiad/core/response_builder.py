@@ -24,9 +24,9 @@ def _client_facing(array: np.ndarray, spec: TensorSpec, batched: bool) -> np.nda
 
 
 def _format_value(value: np.generic) -> str:
+    """Triton prints classification values with C's %f for floats, plainly for integers."""
     if isinstance(value, (np.floating, float)):
-        text = str(value)
-        return text[:-2] if text.endswith(".0") else text
+        return f"{float(value):f}"
     return str(value)
 
 
@@ -48,9 +48,13 @@ def classify(array: np.ndarray, k: int, labels: tuple[str, ...], batched: bool) 
 
 
 def _requested(request: InferenceRequest, model: ModelVersion) -> list[RequestedOutput]:
-    if request.outputs:
-        return request.outputs
-    return [RequestedOutput(name) for name in model.outputs]
+    """Requested outputs in the model's output order (as Triton answers), duplicates merged."""
+    if not request.outputs:
+        return [RequestedOutput(name) for name in model.outputs]
+    by_name: dict[str, RequestedOutput] = {}
+    for out in request.outputs:
+        by_name.setdefault(out.name, out)
+    return [by_name[name] for name in model.outputs if name in by_name]
 
 
 def build_response(

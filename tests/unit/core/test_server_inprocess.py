@@ -72,7 +72,8 @@ def test_failed_model_is_unavailable_and_others_serve(server):
          "unexpected shape for input 'INPUT0' for model 'add_sub'. Expected [-1,16], got [1,15]"),
         ([("INPUT0", "FP32", np.zeros((9, 16), np.float32)), ("INPUT1", "FP32", np.zeros((9, 16), np.float32))],
          "inference request batch-size must be <= 8 for 'add_sub'"),
-        ([("NOPE", "FP32", np.zeros((1, 16), np.float32))], "unexpected inference input 'NOPE' for model 'add_sub'"),
+        ([("INPUT0", "FP32", np.zeros((1, 16), np.float32)), ("INPUT0", "FP32", np.zeros((1, 16), np.float32))],
+         "input 'INPUT0' already exists in request"),
     ],
 )
 def test_validation_messages(server, inputs, message):
@@ -81,6 +82,30 @@ def test_validation_messages(server, inputs, message):
     assert err.value.code is ErrorCode.INVALID_ARG
     assert err.value.message.startswith("[request id: 7] ")
     assert message in err.value.message
+
+
+def test_validation_messages_match_triton_exactly(server):
+    a = np.zeros((1, 16), np.float32)
+    cases = [
+        ([("INPUT0", "FP32", a)],
+         "[request id: <id_unknown>] expected 2 inputs but got 1 inputs for model 'add_sub'. Got input(s) ['INPUT0'], "
+         "but missing required input(s) ['INPUT1']. Please provide all required input(s)."),
+        ([("INPUT0", "FP32", a), ("NOPE", "FP32", a)], "unexpected inference input 'NOPE' for model 'add_sub'"),
+    ]
+    for inputs, message in cases:
+        with pytest.raises(NaiadError) as err:
+            _run(server, _request("add_sub", inputs))
+        assert err.value.message == message
+    with pytest.raises(NaiadError) as err:
+        _run(server, _request("add_sub_nobatch", [("INPUT0", "FP32", np.zeros((1, 4), np.float32)), ("INPUT1", "FP32", np.zeros((1, 4), np.float32))]))
+    assert err.value.message == "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub_nobatch'. Expected [4], got [1,4]. "
+
+
+def test_outputs_follow_model_order(server):
+    a = np.ones((1, 16), np.float32)
+    response = _run(server, _request("add_sub", [("INPUT0", "FP32", a), ("INPUT1", "FP32", a)],
+                                     outputs=[RequestedOutput("OUTPUT1"), RequestedOutput("OUTPUT0"), RequestedOutput("OUTPUT1")]))
+    assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]
 
 
 def test_unknown_output_and_model(server):
@@ -104,7 +129,7 @@ def test_classification_with_labels(server):
     top = int(np.argmax(probs[0]))
     value, index, label = out.data[0, 0].decode().split(":")
     assert int(index) == top and label == "abcde"[top]
-    assert abs(float(value) - probs[0, top]) < 1e-6
+    assert value == f"{probs[0, top]:f}"  # C %f, six decimals, as Triton prints it
 
 
 def test_concurrent_requests_are_batched(server):

@@ -1,0 +1,294 @@
+"""Sequence batcher: stateful models. Sequences stick to one instance, carry control inputs and implicit state."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendResponse
+from naiad.observability.statistics import ModelStatistics
+from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
+from naiad.protocol.errors import internal, invalid_arg, unavailable
+from naiad.runtime.thread_instance import InstancePool
+from naiad.scheduling.base import Instance, WorkItem, execute_batch
+
+_Kind = mc.ModelSequenceBatching.Control
+
+
+@dataclass
+class _Control:
+    """One control tensor: its input name, kind and (false, true) values or CORRID datatype."""
+
+    name: str
+    kind: int
+    dtype: np.dtype
+    values: tuple = (0, 1)
+
+
+@dataclass
+class _State:
+    input_name: str
+    output_name: str
+    dtype: np.dtype
+    dims: tuple[int, ...]
+    initial: np.ndarray | None
+
+
+@dataclass
+class _Sequence:
+    correlation_id: int | str
+    instance: int
+    queue: collections.deque[WorkItem] = field(default_factory=collections.deque)
+    busy: bool = False
+    started: bool = False
+    last_seen: float = field(default_factory=time.monotonic)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+def _controls(config: mc.ModelSequenceBatching) -> list[_Control]:
+    result = []
+    for control_input in config.control_input:
+        for control in control_input.control:
+            if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
+                dtype = numpy_dtype(CONFIG_TO_PROTOCOL[mc.DataType.Name(control.data_type)])
+                result.append(_Control(control_input.name, control.kind, dtype))
+            elif control.int32_false_true:
+                result.append(_Control(control_input.name, control.kind, np.dtype(np.int32), tuple(control.int32_false_true)))
+            elif control.fp32_false_true:
+                result.append(_Control(control_input.name, control.kind, np.dtype(np.float32), tuple(control.fp32_false_true)))
+            else:
+                result.append(_Control(control_input.name, control.kind, np.dtype(np.bool_), tuple(control.bool_false_true) or (False, True)))
+    return result
+
+
+def _states(config: mc.ModelSequenceBatching, model_dir) -> list[_State]:
+    result = []
+    for state in config.state:
+        dtype = numpy_dtype(CONFIG_TO_PROTOCOL[mc.DataType.Name(state.data_type)])
+        initial = None
+        for init in state.initial_state:
+            dims = tuple(d if d > 0 else 1 for d in init.dims)
+            if init.WhichOneof("state_data") == "data_file":
+                raw = (model_dir / "initial_state" / init.data_file).read_bytes()
+                initial = np.frombuffer(raw, dtype=dtype).reshape(dims).copy()
+            else:
+                initial = np.zeros(dims, dtype=dtype)
+        result.append(_State(state.input_name, state.output_name, dtype, tuple(state.dims), initial))
+    return result
+
+
+class SequenceBatcher:
+    """Direct and oldest strategies share one engine: sequences pinned to instances, one request per sequence per batch."""
+
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, config: mc.ModelConfig, model_dir) -> None:
+        sequence = config.sequence_batching
+        self._pool = pool
+        self._stats = stats
+        self._name = config.name
+        self._batching = config.max_batch_size > 0
+        if sequence.WhichOneof("strategy_choice") == "oldest":
+            per_instance = max(sequence.oldest.max_candidate_sequences, 1)
+            self._delay_s = sequence.oldest.max_queue_delay_microseconds / 1e6
+        else:
+            per_instance = max(config.max_batch_size, 1)
+            self._delay_s = sequence.direct.max_queue_delay_microseconds / 1e6
+        self._slots_per_instance = per_instance
+        self._rows_per_batch = max(config.max_batch_size, 1)
+        self._idle_s = (sequence.max_sequence_idle_microseconds or 1_000_000) / 1e6
+        self._controls = _controls(sequence)
+        self._states = _states(sequence, model_dir)
+        self._sequences: dict[int | str, _Sequence] = {}
+        self._backlog: collections.deque[_Sequence] = collections.deque()
+        self._instances = list(pool.instances)
+        self._occupancy = [0] * len(self._instances)
+        self._wakeups = [asyncio.Event() for _ in self._instances]
+        self._inflight = 0
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._serve(i)) for i in range(len(self._instances))]
+        self._tasks.append(loop.create_task(self._reap_idle()))
+
+    # ------------------------------------------------------------ admission
+
+    async def enqueue(self, item: WorkItem) -> BackendResponse:
+        request = item.request
+        cid = request.sequence_id if request is not None else 0
+        if cid in (0, ""):
+            raise invalid_arg(f"inference request to model '{self._name}' must specify a non-zero or non-empty correlation ID")
+        for control in self._controls:
+            if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
+                integer_id = isinstance(cid, int)
+                if integer_id == (control.dtype == np.object_):
+                    expected = "a string" if control.dtype == np.object_ else "an integer"
+                    raise invalid_arg(
+                        f"inference request to model '{self._name}' must use {expected} correlation ID: its "
+                        f"CONTROL_SEQUENCE_CORRID input '{control.name}' is of that type"
+                    )
+        if self._batching and item.batch_size != 1:
+            raise invalid_arg(f"inference request to model '{self._name}' must specify batch-size 1 due to requirements of sequence batcher")
+        sequence = self._sequences.get(cid)
+        if request.sequence_start:
+            if sequence is not None and not sequence.queue and not sequence.busy:
+                self._release(sequence)  # a new START ends the previous sequence with this id
+                sequence = None
+            if sequence is None:
+                sequence = self._admit(cid)
+        elif sequence is None:
+            raise invalid_arg(
+                f"inference request for sequence {cid} to model '{self._name}' must specify the START flag on the first "
+                "request of the sequence"
+            )
+        sequence.last_seen = time.monotonic()
+        sequence.queue.append(item)
+        if sequence.instance >= 0:
+            self._wakeups[sequence.instance].set()
+        self._inflight += 1
+        try:
+            return await item.future
+        finally:
+            self._inflight -= 1
+
+    def _admit(self, cid: int | str) -> _Sequence:
+        free = [i for i, used in enumerate(self._occupancy) if used < self._slots_per_instance]
+        sequence = _Sequence(cid, -1)
+        self._sequences[cid] = sequence
+        if free:
+            self._assign(sequence, min(free, key=lambda i: self._occupancy[i]))
+        else:
+            self._backlog.append(sequence)
+        return sequence
+
+    def _assign(self, sequence: _Sequence, instance: int) -> None:
+        sequence.instance = instance
+        self._occupancy[instance] += 1
+        self._wakeups[instance].set()
+
+    def _release(self, sequence: _Sequence) -> None:
+        """Free the sequence's slot and hand it to the oldest backlogged sequence."""
+        if self._sequences.get(sequence.correlation_id) is sequence:
+            del self._sequences[sequence.correlation_id]
+        if sequence.instance >= 0:
+            self._occupancy[sequence.instance] -= 1
+            if self._backlog:
+                self._assign(self._backlog.popleft(), sequence.instance)
+
+    # ------------------------------------------------------------ execution
+
+    def _ready(self, instance: int) -> list[_Sequence]:
+        ready = [s for s in self._sequences.values() if s.instance == instance and s.queue and not s.busy]
+        ready.sort(key=lambda s: s.queue[0].enqueue_ns)
+        return ready[: self._rows_per_batch]
+
+    async def _serve(self, index: int) -> None:
+        wakeup = self._wakeups[index]
+        while True:
+            ready = self._ready(index)
+            if not ready:
+                wakeup.clear()
+                await wakeup.wait()
+                continue
+            if self._delay_s and len(ready) < self._rows_per_batch:
+                wakeup.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), self._delay_s)
+                ready = self._ready(index)
+            items = []
+            for sequence in ready:
+                item = sequence.queue.popleft()
+                if item.future.done():
+                    continue
+                try:
+                    self._decorate(sequence, item)
+                except Exception as exc:  # a bad state/control tensor fails this request, not the batcher
+                    item.fail(internal(f"unable to prepare sequence inputs: {exc}"))
+                    continue
+                sequence.busy = True
+                items.append((sequence, item))
+            if not items:
+                continue
+            instance = await self._pool.acquire()
+            try:
+                await execute_batch(instance, [it for _, it in items], self._batching, self._stats)
+            finally:
+                self._pool.release(instance)
+            for sequence, item in items:
+                self._after(sequence, item)
+
+    def _decorate(self, sequence: _Sequence, item: WorkItem) -> None:
+        """Add control tensors and the implicit state input; ask for the state output."""
+        request = item.request
+        start = not sequence.started
+        end = bool(request.sequence_end)
+        shape = (1, 1) if self._batching else (1,)
+        for control in self._controls:
+            if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
+                if control.dtype == np.object_:
+                    value = np.array([str(sequence.correlation_id).encode()], dtype=object).reshape(shape)
+                else:
+                    value = np.full(shape, int(sequence.correlation_id), dtype=control.dtype)
+            else:
+                flag = {_Kind.CONTROL_SEQUENCE_START: start, _Kind.CONTROL_SEQUENCE_END: end}.get(control.kind, True)
+                value = np.full(shape, control.values[1] if flag else control.values[0], dtype=control.dtype)
+            item.inputs[control.name] = value
+        for state in self._states:
+            current = sequence.state.get(state.input_name)
+            if current is None or start:
+                if state.initial is not None:
+                    current = state.initial
+                else:
+                    current = np.zeros(tuple(d if d > 0 else 1 for d in state.dims), dtype=state.dtype)
+                current = current.reshape((1,) + current.shape) if self._batching else current
+            item.inputs[state.input_name] = current
+            if state.output_name not in item.output_names:
+                item.output_names = item.output_names + [state.output_name]
+        sequence.started = True
+
+    def _after(self, sequence: _Sequence, item: WorkItem) -> None:
+        sequence.busy = False
+        sequence.last_seen = time.monotonic()
+        if item.future.done() and not item.future.cancelled() and item.future.exception() is None:
+            outputs = item.future.result().outputs or {}
+            for state in self._states:
+                if state.output_name in outputs:
+                    sequence.state[state.input_name] = outputs[state.output_name]
+        if item.request.sequence_end:
+            self._release(sequence)
+        elif sequence.queue and sequence.instance >= 0:
+            self._wakeups[sequence.instance].set()
+
+    async def _reap_idle(self) -> None:
+        """Release sequences that received nothing for max_sequence_idle_microseconds."""
+        while True:
+            await asyncio.sleep(min(self._idle_s / 2, 0.5))
+            now = time.monotonic()
+            for sequence in list(self._sequences.values()):
+                if sequence.busy or sequence.queue or now - sequence.last_seen < self._idle_s:
+                    continue
+                self._release(sequence)
+            for sequence in list(self._backlog):
+                if now - sequence.last_seen >= self._idle_s:
+                    self._backlog.remove(sequence)
+                    self._sequences.pop(sequence.correlation_id, None)
+                    while sequence.queue:
+                        sequence.queue.popleft().fail(unavailable("timeout of the corresponding sequence has been expired"))
+
+    def inflight(self) -> int:
+        return self._inflight
+
+    def pending(self) -> int:
+        return sum(len(s.queue) for s in self._sequences.values())
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for sequence in list(self._sequences.values()):
+            while sequence.queue:
+                sequence.queue.popleft().fail(unavailable("model is being unloaded"))
