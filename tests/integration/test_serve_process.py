@@ -42,8 +42,8 @@ def test_start_line_gives_distinct_free_ports(repo):
         with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=10) as response:
             assert response.status == 200
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-        assert 'nv_inference_request_success_total{model="add_sub",version="1"}' in metrics or \
-            'nv_inference_request_success{model="add_sub",version="1"}' in metrics
+        assert 'nv_inference_request_success{model="add_sub",version="1"} 0' in metrics
+        assert "# TYPE nv_inference_request_success counter" in metrics
 
 
 def test_disabled_frontends_are_not_started(repo):

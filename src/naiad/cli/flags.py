@@ -46,6 +46,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     _bool_flag(parser, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     parser.add_argument("--metrics-address", default=d.metrics_address)
     parser.add_argument("--metrics-port", type=int, default=d.metrics_port, help="0 picks a free port")
+    parser.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
+                        help="counter_latencies=true|false, histogram_latencies=true|false")
+    _bool_flag(parser, "--allow-cpu-metrics", d.allow_cpu_metrics, "export nv_cpu_* metrics")
+    _bool_flag(parser, "--allow-gpu-metrics", d.allow_gpu_metrics, "export nv_gpu_* metrics when a GPU is present")
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode)
     parser.add_argument("--load-model", action="append", default=[], metavar="NAME",
                         help="model to load at start in explicit mode ('*' = all)")
@@ -86,6 +90,15 @@ def _cache_bytes(args: argparse.Namespace) -> int | None:
     return size if size is not None else args.response_cache_byte_size
 
 
+def _metrics_config(entries: list[str]) -> dict[str, str]:
+    from naiad.observability.metrics import parse_metrics_config
+
+    try:
+        return parse_metrics_config(entries)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not args.model_repository:
         raise SystemExit("--model-repository is required")
@@ -102,6 +115,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_metrics=args.allow_metrics,
         metrics_address=args.metrics_address,
         metrics_port=args.metrics_port,
+        metrics_config=_metrics_config(args.metrics_config),
+        allow_cpu_metrics=args.allow_cpu_metrics,
+        allow_gpu_metrics=args.allow_gpu_metrics,
         model_control_mode=args.model_control_mode,
         load_models=list(args.load_model),
         strict_model_config=args.strict_model_config or args.disable_auto_complete_config,

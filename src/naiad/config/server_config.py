@@ -24,6 +24,9 @@ class ServerConfig:
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002
+    metrics_config: dict[str, str] = field(default_factory=dict)
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
     # model management
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)

@@ -7,6 +7,7 @@ import contextvars
 import logging
 import shutil
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -214,8 +215,10 @@ class ModelLifecycle:
         failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
         for version in sorted(prepared.versions):
             try:
+                started = time.monotonic()
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
                 new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances, self.services)
+                new_versions[version].stats.load_duration_secs = time.monotonic() - started
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
                 failed[version] = str(exc) or type(exc).__name__
                 log.error("failed to load '%s' version %d: %s", name, version, failed[version])

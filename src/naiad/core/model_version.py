@@ -10,7 +10,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
-from naiad.observability.statistics import ModelStatistics
+from naiad.observability.statistics import DEFAULT_FIRST_RESPONSE_BUCKETS_MS, ModelStatistics
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
@@ -47,6 +47,14 @@ def _labels(model_dir: Path, filename: str) -> tuple[str, ...]:
         raise ValueError(f"unable to read label file '{path}': {exc}") from None
 
 
+def _first_response_buckets(config: mc.ModelConfig) -> tuple[float, ...]:
+    """Per-model histogram buckets from model_metrics, else Triton's defaults."""
+    for control in config.model_metrics.metric_control:
+        if control.metric_identifier.family == "nv_inference_first_response_histogram_ms" and control.histogram_options.buckets:
+            return tuple(control.histogram_options.buckets)
+    return DEFAULT_FIRST_RESPONSE_BUCKETS_MS
+
+
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
@@ -71,7 +79,7 @@ class ModelVersion:
         }
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         self._model_dir = model_dir
-        self.stats = ModelStatistics(self.name, self.version_str)
+        self.stats = ModelStatistics(self.name, self.version_str, _first_response_buckets(config))
         self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
         self.scheduler = self._make_scheduler(services)
 

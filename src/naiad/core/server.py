@@ -21,8 +21,9 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
+from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
-from naiad.protocol.errors import NaiadError, internal, invalid_arg, unavailable, unsupported
+from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 
@@ -57,6 +58,7 @@ class Server:
         self.backends = BackendRegistry()
         self.models = ModelLifecycle(config, self.backends, services=self)
         self.response_cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
+        self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
         self._live = False
         self._exiting = False
         self._inflight = 0
@@ -199,12 +201,14 @@ class Server:
                 insert_start = time.perf_counter_ns()
                 self.response_cache.put(key, result.outputs, result.parameters)
                 model.stats.record_cache(False, time.perf_counter_ns() - insert_start)
-        except NaiadError:
-            model.stats.record_request(False, time.perf_counter_ns() - start, None)
+        except NaiadError as exc:
+            model.stats.record_request(False, time.perf_counter_ns() - start, None, _failure_reason(exc, model))
             raise
         finally:
             self._end_request()
-        model.stats.record_request(True, time.perf_counter_ns() - start, max(item.dispatch_ns - item.enqueue_ns, 0))
+        elapsed = time.perf_counter_ns() - start
+        model.stats.record_first_response(elapsed)
+        model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
         return response
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
@@ -222,10 +226,16 @@ class Server:
         self._begin_request()
         enqueued = asyncio.get_running_loop().create_task(model.scheduler.enqueue(item))
         success = False
+        reason = "BACKEND"
+        first = True
         try:
             while True:
                 result = await item.stream.get()
+                if first:
+                    model.stats.record_first_response(time.perf_counter_ns() - start)
+                    first = False
                 if result.error is not None:
+                    reason = _failure_reason(result.error, model)
                     raise result.error
                 if result.outputs is None:
                     yield None, True
@@ -245,7 +255,7 @@ class Server:
                 await enqueued
             self._end_request()
             queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0) if item.dispatch_ns else None
-            model.stats.record_request(success, time.perf_counter_ns() - start, queue_ns)
+            model.stats.record_request(success, time.perf_counter_ns() - start, queue_ns, reason)
 
     def _begin_request(self) -> None:
         self._inflight += 1
@@ -293,13 +303,12 @@ class Server:
             return {"model_stats": [model.stats.as_dict()]}
         return {"model_stats": [m.stats.as_dict() for _, m in sorted(ready.items())]}
 
-    def pending_requests(self) -> dict[tuple[str, str], int]:
-        """Requests queued or executing, per loaded (model, version)."""
-        return {
-            (name, str(v)): m.scheduler.pending()
-            for name, record in self.models.records.items()
-            for v, m in record.ready().items()
-        }
+    def _model_series(self) -> list[ModelSeries]:
+        return [
+            ModelSeries(m.stats, m.scheduler.pending(), dict(m.config.metric_tags), m.config.response_cache.enable and self.response_cache is not None)
+            for _, record in sorted(self.models.records.items())
+            for _, m in sorted(record.ready().items())
+        ]
 
     # ------------------------------------------------------------ CUDA shared memory (no GPU path)
 
@@ -383,6 +392,27 @@ class Server:
         future = asyncio.run_coroutine_threadsafe(self.infer_async(request), self._loop)
         response = future.result()
         return {out.name: out.data for out in response.outputs if out.data is not None}
+
+
+def _failure_reason(error: NaiadError, model) -> str:
+    """Triton's failure reasons: queue refusals, cancellations, model errors, the rest."""
+    if error.code is ErrorCode.UNAVAILABLE:
+        return "REJECTED"
+    if error.code is ErrorCode.CANCELLED:
+        return "CANCELED"
+    return "OTHER" if model.config.platform == "ensemble" else "BACKEND"
+
+
+def _metrics_settings(config: ServerConfig) -> MetricsSettings:
+    from naiad.config.model_config import parse_bool
+
+    options = config.metrics_config
+    return MetricsSettings(
+        counter_latencies=parse_bool(options.get("counter_latencies"), True),
+        histogram_latencies=parse_bool(options.get("histogram_latencies"), False),
+        cpu_metrics=config.allow_cpu_metrics,
+        gpu_metrics=config.allow_gpu_metrics,
+    )
 
 
 def _normalise(array: np.ndarray) -> np.ndarray:

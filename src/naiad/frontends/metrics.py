@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -10,22 +9,28 @@ from starlette.routing import Route
 
 from naiad.core.server import Server
 from naiad.frontends.uvicorn_embed import UvicornRunner
-from naiad.observability.metrics import build_registry
+from naiad.observability.exposition import CONTENT_TYPE
 
 
 class MetricsFrontend:
-    """Serves the server-owned registry; port 0 picks a free port."""
+    """Serves the server's metric families; port 0 picks a free port."""
 
     def __init__(self, server: Server, host: str, port: int) -> None:
-        self._registry = build_registry(server.model_statistics, server.pending_requests)
+        collector = server.metrics
 
         async def metrics(request: Request) -> Response:
-            return Response(generate_latest(self._registry), media_type=CONTENT_TYPE_LATEST)
+            return Response(collector.render(), media_type=CONTENT_TYPE)
 
         async def not_found(request: Request, exc: Exception) -> Response:
             return JSONResponse({"error": "Not Found"}, status_code=404)
 
-        app = Starlette(routes=[Route("/metrics", metrics, methods=["GET"])], exception_handlers={404: not_found})
+        async def not_allowed(request: Request, exc: Exception) -> Response:
+            return JSONResponse({"error": "Method Not Allowed"}, status_code=405)
+
+        app = Starlette(
+            routes=[Route("/metrics", metrics, methods=["GET"])],
+            exception_handlers={404: not_found, 405: not_allowed},
+        )
         self._runner = UvicornRunner(app, host, port, http="h11")
 
     async def start(self) -> int:

@@ -1,66 +1,118 @@
-"""Prometheus metrics with Triton's family names, collected from the server's statistics on scrape."""
+"""Triton's metric families, built at scrape time from the server's statistics (no shadow counters)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from naiad.observability.exposition import Family, render
+from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics
+from naiad.observability.system_metrics import SystemMetrics
 
-_COUNTERS = [
-    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes", ("success", "count"), 1),
-    ("nv_inference_request_failure", "Number of failed inference requests, all batch sizes", ("fail", "count"), 1),
-    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", ("success", "ns"), 1000),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)", ("queue", "ns"), 1000),
-    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", ("compute_input", "ns"), 1000),
-    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", ("compute_infer", "ns"), 1000),
-    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", ("compute_output", "ns"), 1000),
+_DURATIONS = [
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds (includes cached requests)", "success"),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds (includes cached requests)", "queue"),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds (does not include cached requests)", "compute_input"),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds (does not include cached requests)", "compute_infer"),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds (does not include cached requests)", "compute_output"),
 ]
 
 
-class StatisticsCollector:
-    """Reads the server's per-model statistics at scrape time; no shadow counters to keep in sync."""
+@dataclass
+class MetricsSettings:
+    """--metrics-config switches and --allow-*-metrics flags."""
 
-    def __init__(self, statistics: Callable[[], dict], pending: Callable[[], dict[tuple[str, str], int]]) -> None:
-        self._statistics = statistics
-        self._pending = pending
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._statistics()["model_stats"]
-        labels = ["model", "version"]
-        families = {name: CounterMetricFamily(name, doc, labels=labels) for name, doc, _, _ in _COUNTERS}
-        count = CounterMetricFamily("nv_inference_count", "Number of inferences performed (does not include cached requests)", labels=labels)
-        execs = CounterMetricFamily("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)", labels=labels)
-        for entry in stats:
-            key = [entry["name"], entry["version"]]
-            inference = entry["inference_stats"]
-            for name, _, (field, unit), divisor in _COUNTERS:
-                families[name].add_metric(key, inference[field][unit] // divisor)
-            count.add_metric(key, entry["inference_count"])
-            execs.add_metric(key, entry["execution_count"])
-        hits = CounterMetricFamily("nv_cache_num_hits_per_model", "Number of cache hits per model", labels=labels)
-        misses = CounterMetricFamily("nv_cache_num_misses_per_model", "Number of cache misses per model", labels=labels)
-        hit_us = CounterMetricFamily("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds", labels=labels)
-        miss_us = CounterMetricFamily("nv_cache_miss_duration_per_model", "Total cache miss (insert + lookup) duration per model, in microseconds", labels=labels)
-        for entry in stats:
-            key = [entry["name"], entry["version"]]
-            inference = entry["inference_stats"]
-            hits.add_metric(key, inference["cache_hit"]["count"])
-            misses.add_metric(key, inference["cache_miss"]["count"])
-            hit_us.add_metric(key, inference["cache_hit"]["ns"] // 1000)
-            miss_us.add_metric(key, inference["cache_miss"]["ns"] // 1000)
-        yield from families.values()
-        yield from (hits, misses, hit_us, miss_us)
-        yield count
-        yield execs
-        pending = GaugeMetricFamily("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting execution per-model.", labels=labels)
-        for (model, version), value in sorted(self._pending().items()):
-            pending.add_metric([model, version], value)
-        yield pending
+    counter_latencies: bool = True
+    histogram_latencies: bool = False
+    cpu_metrics: bool = True
+    gpu_metrics: bool = True
 
 
-def build_registry(statistics: Callable[[], dict], pending: Callable[[], dict[tuple[str, str], int]]) -> CollectorRegistry:
-    """A registry owned by one server (never the process-global one)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(StatisticsCollector(statistics, pending))
-    return registry
+@dataclass
+class ModelSeries:
+    """What the collector needs of one loaded model version."""
+
+    stats: ModelStatistics
+    pending: int
+    tags: dict[str, str]
+    cached: bool
+
+
+class MetricsCollector:
+    """Renders every family; `models` yields the loaded versions at scrape time."""
+
+    def __init__(self, models: Callable[[], Iterable[ModelSeries]], settings: MetricsSettings) -> None:
+        self._models = models
+        self._settings = settings
+        self._system = SystemMetrics(gpu_metrics=settings.gpu_metrics)
+        self.custom_families: list[Callable[[], list[Family]]] = []
+
+    def families(self) -> list[Family]:
+        series = list(self._models())
+        success = Family("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes")
+        failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
+        count = Family("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)")
+        execs = Family("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)")
+        pending = Family("nv_inference_pending_request_count", "gauge", "Instantaneous number of pending requests awaiting execution per-model.")
+        load = Family("nv_model_load_duration_secs", "gauge", "Model load time in seconds")
+        durations = [Family(name, "counter", doc) for name, doc, _ in _DURATIONS]
+        cache = [
+            Family("nv_cache_num_hits_per_model", "counter", "Number of cache hits per model"),
+            Family("nv_cache_num_misses_per_model", "counter", "Number of cache misses per model"),
+            Family("nv_cache_hit_duration_per_model", "counter", "Total cache hit duration per model, in microseconds"),
+            Family("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert+lookup) duration per model, in microseconds"),
+        ]
+        histogram = Family("nv_inference_first_response_histogram_ms", "histogram", "Duration from request to first response in milliseconds")
+        for item in series:
+            data = item.stats.as_dict()
+            labels = {"model": data["name"], "version": data["version"], **{f"_{k}": v for k, v in item.tags.items()}}
+            inference = data["inference_stats"]
+            success.add(labels, inference["success"]["count"])
+            for reason in FAILURE_REASONS:
+                failure.add({**labels, "reason": reason}, item.stats.failures[reason])
+            count.add(labels, data["inference_count"])
+            execs.add(labels, data["execution_count"])
+            pending.add(labels, item.pending)
+            load.add(labels, item.stats.load_duration_secs)
+            for family, (_, _, key) in zip(durations, _DURATIONS):
+                family.add(labels, inference[key]["ns"] // 1000)
+            if item.cached:
+                for family, (field, unit) in zip(cache, (("cache_hit", "count"), ("cache_miss", "count"), ("cache_hit", "ns"), ("cache_miss", "ns"))):
+                    value = inference[field][unit]
+                    family.add(labels, value // 1000 if unit == "ns" else value)
+            if self._settings.histogram_latencies:
+                buckets, total_ms, observations = item.stats.first_response_histogram()
+                for bound, cumulative in buckets:
+                    le = "+Inf" if bound == float("inf") else _bound_text(bound)
+                    histogram.add({**labels, "le": le}, cumulative, "_bucket")
+                histogram.add(labels, total_ms, "_sum")
+                histogram.add(labels, observations, "_count")
+        families = [success, failure, count, execs, pending, load]
+        if self._settings.counter_latencies:
+            families += durations
+        if self._settings.histogram_latencies:
+            families.append(histogram)
+        families += [f for f in cache if f.samples]
+        if self._settings.cpu_metrics:
+            families += self._system.families()
+        for provider in self.custom_families:
+            families += provider()
+        return families
+
+    def render(self) -> str:
+        return render(self.families())
+
+
+def _bound_text(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else repr(bound)
+
+
+def parse_metrics_config(entries: list[str]) -> dict[str, str]:
+    """--metrics-config key=value (repeatable)."""
+    result = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep:
+            raise ValueError(f"--metrics-config expects <key>=<value>, got '{entry}'")
+        result[key.strip()] = value.strip()
+    return result

@@ -27,15 +27,23 @@ class _BatchStats:
     compute_output: _Duration = field(default_factory=_Duration)
 
 
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+DEFAULT_FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
+
 _INFERENCE_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
 
 
 class ModelStatistics:
     """Counters of one model version; updated from the event loop and instance threads."""
 
-    def __init__(self, name: str, version: str) -> None:
+    def __init__(self, name: str, version: str, first_response_buckets_ms: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS_MS) -> None:
         self.name = name
         self.version = version
+        self.failures = {reason: 0 for reason in FAILURE_REASONS}
+        self.load_duration_secs = 0.0
+        self.first_response_buckets_ms = tuple(sorted(first_response_buckets_ms))
+        self.first_response_counts = [0] * (len(self.first_response_buckets_ms) + 1)
+        self.first_response_sum_ms = 0.0
         self._lock = threading.Lock()
         self._inference = {key: _Duration() for key in _INFERENCE_KEYS}
         self._batches: dict[int, _BatchStats] = {}
@@ -43,12 +51,35 @@ class ModelStatistics:
         self.execution_count = 0
         self.last_inference_ms = 0
 
-    def record_request(self, success: bool, duration_ns: int, queue_ns: int | None) -> None:
+    def record_request(self, success: bool, duration_ns: int, queue_ns: int | None, reason: str = "BACKEND") -> None:
         with self._lock:
             self._inference["success" if success else "fail"].add(duration_ns)
+            if not success:
+                self.failures[reason if reason in self.failures else "OTHER"] += 1
             if queue_ns is not None:
                 self._inference["queue"].add(queue_ns)
             self.last_inference_ms = int(time.time() * 1000)
+
+    def record_first_response(self, duration_ns: int) -> None:
+        """Time from request start to its first response (TTFT for streaming models)."""
+        ms = duration_ns / 1e6
+        with self._lock:
+            self.first_response_sum_ms += ms
+            for index, bound in enumerate(self.first_response_buckets_ms):
+                if ms <= bound:
+                    self.first_response_counts[index] += 1
+                    break
+            else:
+                self.first_response_counts[-1] += 1
+
+    def first_response_histogram(self) -> tuple[list[tuple[float, int]], float, int]:
+        """Cumulative (upper bound, count) pairs ending with +Inf, the sum in ms and the count."""
+        with self._lock:
+            cumulative, total = [], 0
+            for bound, count in zip(list(self.first_response_buckets_ms) + [float("inf")], self.first_response_counts):
+                total += count
+                cumulative.append((bound, total))
+            return cumulative, self.first_response_sum_ms, total
 
     def record_cache(self, hit: bool, ns: int) -> None:
         with self._lock:
