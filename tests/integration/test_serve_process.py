@@ -64,11 +64,12 @@ def test_sigterm_lets_in_flight_requests_finish(repo):
     for thread in threads:
         thread.start()
     # one request executes on the single instance, the other waits for it: both are in flight
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + 30
+    seen_pending = False
+    while time.monotonic() < deadline and not seen_pending:
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
-        if 'nv_inference_pending_request_count{model="slow",version="1"} 1.0' in text:
-            break
+        seen_pending = 'nv_inference_pending_request_count{model="slow",version="1"} 1' in text
+    assert seen_pending, "the second request never queued behind the first"
     server.process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(30)

@@ -66,7 +66,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: local cache size")
     _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
     parser.add_argument("--exit-timeout-secs", type=float, default=d.exit_timeout_secs)
-    parser.add_argument("--log-verbose", type=int, default=d.log_verbose)
+    parser.add_argument("--log-verbose", type=int, default=d.log_verbose, help="verbose logging level (0 = off)")
+    _bool_flag(parser, "--log-info", d.log_info, "log info messages")
+    _bool_flag(parser, "--log-warning", d.log_warning, "log warnings")
+    _bool_flag(parser, "--log-error", d.log_error, "log errors")
+    parser.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format)
+    parser.add_argument("--log-file", default=d.log_file, help="write the log to this file instead of stderr")
 
 
 def _backend_config(entries: list[str]) -> dict[str, dict[str, str]]:
@@ -131,4 +136,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         response_cache_bytes=_cache_bytes(args),
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
+        log_info=args.log_info,
+        log_warning=args.log_warning,
+        log_error=args.log_error,
+        log_format=args.log_format,
+        log_file=args.log_file,
     )

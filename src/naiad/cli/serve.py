@@ -10,17 +10,21 @@ import sys
 
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
+from naiad.observability.log_settings import LogSettings, SettingsFilter, TritonFormatter
 
 log = logging.getLogger("naiad")
 
 
-def _configure_logging(verbose: int) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose > 0 else logging.INFO,
-        format="%(levelname).1s%(asctime)s %(process)d %(name)s] %(message)s",
-        datefmt="%m%d %H:%M:%S",
-        stream=sys.stderr,
-    )
+def _configure_logging(settings: LogSettings) -> None:
+    """One handler on the root logger, filtered and formatted by the server's live settings."""
+    handler: logging.Handler = logging.FileHandler(settings.log_file) if settings.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(settings))
+    handler.addFilter(SettingsFilter(settings))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.DEBUG)
+    for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 async def _serve(config: ServerConfig) -> int:
@@ -29,6 +33,7 @@ async def _serve(config: ServerConfig) -> int:
     from naiad.frontends.metrics import MetricsFrontend
 
     server = Server(config)
+    _configure_logging(server.log_settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,7 +77,6 @@ async def _serve(config: ServerConfig) -> int:
 
 
 def run_serve(config: ServerConfig) -> int:
-    _configure_logging(config.log_verbose)
     try:
         import uvloop
     except ImportError:

@@ -43,6 +43,11 @@ class ServerConfig:
     # lifecycle and logging
     exit_timeout_secs: float = 30.0
     log_verbose: int = 0
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    log_format: str = "default"
+    log_file: str = ""
 
     def backend_setting(self, backend: str, key: str, default: str | None = None) -> str | None:
         """A --backend-config value: the backend's own setting first, then the global one."""

@@ -21,6 +21,7 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
+from naiad.observability.log_settings import LogSettings
 from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
@@ -58,6 +59,14 @@ class Server:
         self.backends = BackendRegistry()
         self.models = ModelLifecycle(config, self.backends, services=self)
         self.response_cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
+        self.log_settings = LogSettings(
+            log_file=config.log_file,
+            log_info=config.log_info,
+            log_warning=config.log_warning,
+            log_error=config.log_error,
+            log_verbose_level=config.log_verbose,
+            log_format=config.log_format,
+        )
         self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
         self._live = False
         self._exiting = False
@@ -309,6 +318,14 @@ class Server:
             for _, record in sorted(self.models.records.items())
             for _, m in sorted(record.ready().items())
         ]
+
+    # ------------------------------------------------------------ logging extension
+
+    def get_log_settings(self) -> dict:
+        return self.log_settings.as_dict()
+
+    def update_log_settings(self, changes: dict) -> dict:
+        return self.log_settings.update(changes)
 
     # ------------------------------------------------------------ CUDA shared memory (no GPU path)
 
