@@ -65,6 +65,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="enable the response cache for models with response_cache { enable: true }")
     parser.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: local cache size")
     _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
+    parser.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
+                        help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton, triton,file=PATH, triton,log-frequency=N")
+    for old in ("file", "level", "rate", "count", "log-frequency"):
+        parser.add_argument(f"--trace-{old}", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--exit-timeout-secs", type=float, default=d.exit_timeout_secs)
     parser.add_argument("--log-verbose", type=int, default=d.log_verbose, help="verbose logging level (0 = off)")
     _bool_flag(parser, "--log-info", d.log_info, "log info messages")
@@ -104,6 +108,21 @@ def _metrics_config(entries: list[str]) -> dict[str, str]:
         raise SystemExit(str(exc)) from None
 
 
+def _trace_entries(args: argparse.Namespace) -> list[str]:
+    """--trace-config plus the deprecated --trace-* flags, validated here so errors show at start."""
+    from naiad.observability.tracing import parse_trace_config
+
+    entries = list(args.trace_config)
+    for flag, key in (("trace_file", "triton,file"), ("trace_level", "level"), ("trace_rate", "rate"),
+                      ("trace_count", "count"), ("trace_log_frequency", "triton,log-frequency")):
+        entries += [f"{key}={value}" for value in getattr(args, flag)]
+    try:
+        parse_trace_config(entries)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return entries
+
+
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     if not args.model_repository:
         raise SystemExit("--model-repository is required")
@@ -134,6 +153,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
         response_cache_bytes=_cache_bytes(args),
+        trace_config=_trace_entries(args),
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,
         log_info=args.log_info,

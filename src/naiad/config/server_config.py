@@ -40,6 +40,7 @@ class ServerConfig:
     response_cache_bytes: int | None = None  # --cache-config local,size=N
     # shared memory
     allow_client_shm: bool = True
+    trace_config: list[str] = field(default_factory=list)  # --trace-config entries
     # lifecycle and logging
     exit_timeout_secs: float = 30.0
     log_verbose: int = 0

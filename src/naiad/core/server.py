@@ -22,6 +22,7 @@ from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
 from naiad.observability.log_settings import LogSettings
+from naiad.observability.tracing import Trace, Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
@@ -67,6 +68,7 @@ class Server:
             log_verbose_level=config.log_verbose,
             log_format=config.log_format,
         )
+        self.tracer = Tracer(parse_trace_config(config.trace_config))
         self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
         self._live = False
         self._exiting = False
@@ -128,6 +130,7 @@ class Server:
             log.warning("exit timeout reached with %d request(s) still in flight", self._inflight)
         await self.models.unload_all()
         self.shared_memory.close()
+        self.tracer.flush()
         self._live = False
 
     # ------------------------------------------------------------ health and metadata
@@ -218,7 +221,25 @@ class Server:
         elapsed = time.perf_counter_ns() - start
         model.stats.record_first_response(elapsed)
         model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
+        if self.tracer.global_config.enabled or self.tracer.has_overrides:
+            self._trace(model, request, item, response, start, start + elapsed)
         return response
+
+    def _trace(self, model, request: InferenceRequest, item, response: InferenceResponse, start: int, end: int) -> None:
+        trace = self.tracer.sample(model.name, model.version_str, request.id)
+        if trace is None:
+            return
+        for inp in request.inputs:
+            trace.tensor("TENSOR_QUEUE_INPUT", inp.name, inp.datatype, inp.shape, _tensor_text(inp.data))
+        for name, ns in (("REQUEST_START", start), ("QUEUE_START", item.enqueue_ns), ("COMPUTE_START", item.dispatch_ns),
+                         ("COMPUTE_INPUT_END", item.input_end_ns), ("COMPUTE_OUTPUT_START", item.output_start_ns),
+                         ("COMPUTE_END", item.compute_end_ns), ("REQUEST_END", end)):
+            if ns:
+                trace.timestamp(name, ns)
+        for out in response.outputs:
+            if out.data is not None:
+                trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype, out.shape, _tensor_text(out.data))
+        self.tracer.finish(trace, model.name)
 
     async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
         """Every response of a request as (response, is_final); (None, True) is a flag-only final.
@@ -327,6 +348,18 @@ class Server:
     def update_log_settings(self, changes: dict) -> dict:
         return self.log_settings.update(changes)
 
+    # ------------------------------------------------------------ trace extension
+
+    def get_trace_settings(self, model: str = "") -> dict:
+        if model and model not in self.models.records:
+            raise invalid_arg(f"Request for unknown model : {model}")
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, model: str, changes: dict) -> dict:
+        if model and model not in self.models.records:
+            raise invalid_arg(f"Request for unknown model : {model}")
+        return self.tracer.update(model, changes)
+
     # ------------------------------------------------------------ CUDA shared memory (no GPU path)
 
     def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
@@ -409,6 +442,14 @@ class Server:
         future = asyncio.run_coroutine_threadsafe(self.infer_async(request), self._loop)
         response = future.result()
         return {out.name: out.data for out in response.outputs if out.data is not None}
+
+
+def _tensor_text(array: np.ndarray) -> str:
+    """Tensor data as Triton's trace writes it: comma-separated values, row-major."""
+    flat = np.asarray(array).ravel()
+    if flat.dtype == np.object_:
+        return ",".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat)
+    return ",".join(str(x) for x in flat.tolist())
 
 
 def _failure_reason(error: NaiadError, model) -> str:

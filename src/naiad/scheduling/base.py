@@ -32,6 +32,9 @@ class WorkItem:
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     enqueue_ns: int = field(default_factory=time.perf_counter_ns)
     dispatch_ns: int = 0
+    input_end_ns: int = 0
+    output_start_ns: int = 0
+    compute_end_ns: int = 0
 
     def deliver(self, response: BackendResponse) -> None:
         """Route one response of this request to its waiter (event-loop thread only)."""
@@ -119,7 +122,10 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
         for item in items:
             item.fail(error)
     rows = sum(it.batch_size for it in items)
-    stats.record_execution(rows if batching else len(items), len(items), 0, time.perf_counter_ns() - start, 0)
+    end = time.perf_counter_ns()
+    for it in items:
+        it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
+    stats.record_execution(rows if batching else len(items), len(items), 0, end - start, 0)
 
 
 async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
@@ -153,6 +159,8 @@ async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem],
                 results.append({n: outputs[n][rows] for n in it.output_names})
                 offset += it.batch_size
         output_done = time.perf_counter_ns()
+        for it in items:
+            it.input_end_ns, it.output_start_ns, it.compute_end_ns = input_done, infer_done, output_done
         stats.record_execution(total if batching else 1, len(items), input_done - start, infer_done - input_done, output_done - infer_done)
         for it, res in zip(items, results):
             it.deliver(BackendResponse(res))

@@ -1,0 +1,56 @@
+"""Trace settings rules and Triton-mode trace files."""
+
+import json
+
+import numpy as np
+import pytest
+
+import naiad
+from naiad.observability.tracing import TraceConfig, apply_settings, parse_trace_config
+from naiad.protocol.errors import ErrorCode, NaiadError
+from tests.support.onnx_models import add_sub_model
+
+
+def test_settings_rules():
+    config = TraceConfig()
+    assert config.as_dict() == {"trace_level": ["OFF"], "trace_rate": "1000", "trace_count": "-1",
+                                "log_frequency": "0", "trace_file": "", "trace_mode": "triton"}
+    updated = apply_settings(config, {"trace_level": ["TIMESTAMPS"], "trace_rate": "2"})
+    assert updated.level == ("TIMESTAMPS",) and updated.rate == 2 and config.rate == 1000
+    for body, code, text in [
+        ({"trace_file": "x"}, ErrorCode.UNSUPPORTED, "trace file location can not be updated through network protocol"),
+        ({"trace_rate": "abc"}, ErrorCode.INVALID_ARG, "Unable to parse 'trace_rate', got: abc"),
+        ({"trace_rate": 5}, ErrorCode.INVALID_ARG, "trace_rate"),
+        ({"trace_level": ["LOUD"]}, ErrorCode.INVALID_ARG, "trace_level"),
+    ]:
+        with pytest.raises(NaiadError) as err:
+            apply_settings(config, body)
+        assert err.value.code is code and text in err.value.message
+
+
+def test_parse_trace_config_flags():
+    config = parse_trace_config(["rate=1", "level=TIMESTAMPS", "level=TENSORS", "triton,file=/tmp/t.json", "count=5"])
+    assert config.level == ("TIMESTAMPS", "TENSORS") and config.rate == 1 and config.file == "/tmp/t.json" and config.count == 5
+    with pytest.raises(ValueError):
+        parse_trace_config(["opentelemetry,url=http://x"])
+
+
+def test_trace_file_written_at_shutdown(tmp_path):
+    add_sub_model(tmp_path / "repo", "m")
+    trace_file = tmp_path / "trace.json"
+    server = naiad.Server(model_repository=str(tmp_path / "repo"),
+                          trace_config=["rate=2", "level=TIMESTAMPS", "level=TENSORS", f"triton,file={trace_file}"])
+    with server as srv:
+        a = np.ones((1, 16), np.float32)
+        for _ in range(4):
+            srv.infer("m", {"INPUT0": a, "INPUT1": a})
+        assert srv.get_trace_settings("m")["trace_rate"] == "2"
+        with pytest.raises(NaiadError, match="Request for unknown model : nope"):
+            srv.get_trace_settings("nope")
+    records = json.loads(trace_file.read_text())
+    heads = [r for r in records if "model_name" in r]
+    assert len(heads) == 2 and heads[0]["model_name"] == "m" and heads[0]["model_version"] == 1
+    names = [t["name"] for r in records if r["id"] == heads[0]["id"] for t in r.get("timestamps", [])]
+    assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "COMPUTE_START" in names
+    tensors = [r for r in records if r.get("activity") == "TENSOR_QUEUE_INPUT" and r["id"] == heads[0]["id"]]
+    assert tensors[0]["tensor"] == {"name": "INPUT0", "data": ",".join(["1.0"] * 16), "shape": "1,16", "dtype": "FP32"}
