@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
+import queue
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,7 +48,7 @@ class RunningServer:
         self.stop()
 
 
-def start_server(repo: Path | str, *extra_args: str, timeout: float = 60.0) -> RunningServer:
+def start_server(repo: Path | str, *extra_args: str, timeout: float = 90.0) -> RunningServer:
     """Spawn `python -m naiad serve` on port 0 everywhere; returns once it printed its ports."""
     command = [
         sys.executable, "-m", "naiad", "serve",
@@ -58,35 +59,30 @@ def start_server(repo: Path | str, *extra_args: str, timeout: float = 60.0) -> R
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    assert process.stdout is not None
-    selector = selectors.DefaultSelector()
-    selector.register(process.stdout, selectors.EVENT_READ)
     output: list[str] = []
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not selector.select(timeout=max(deadline - time.monotonic(), 0)):
-            break
-        line = process.stdout.readline()
-        if not line:
-            break
-        output.append(line)
-        if line.startswith(READY_PREFIX):
-            ports = json.loads(line[len(READY_PREFIX):])
-            server = RunningServer(process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], output)
-            _drain(process, output)
-            return server
-    process.kill()
-    process.wait()
-    raise RuntimeError("naiad serve did not start:\n" + "".join(output))
-
-
-def _drain(process: subprocess.Popen, output: list[str]) -> None:
-    """Keep reading the server's output in the background so its pipe never fills up."""
-    import threading
+    lines: queue.Queue[str | None] = queue.Queue()
 
     def pump() -> None:
+        # One reader for the whole life of the process: keeps the pipe drained and hands lines over.
         assert process.stdout is not None
         for line in process.stdout:
             output.append(line)
+            lines.put(line)
+        lines.put(None)
 
     threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        try:
+            line = lines.get(timeout=max(remaining, 0.001))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        if line.startswith(READY_PREFIX):
+            ports = json.loads(line[len(READY_PREFIX):])
+            return RunningServer(process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], output)
+    process.kill()
+    process.wait()
+    raise RuntimeError("naiad serve did not start:\n" + "".join(output))

@@ -40,6 +40,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, default=d.http_port, help="0 picks a free port")
     parser.add_argument("--http-max-input-size", type=parse_size, default=d.http_max_input_size,
                         help="largest accepted HTTP request body, in bytes (default 64 MiB)")
+    parser.add_argument("--http-header-timeout-secs", type=float, default=d.http_header_timeout_secs,
+                        help="close connections whose request headers are not complete within this time")
+    parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
+                        help="answer 408 when a request body is not complete within this time")
     _bool_flag(parser, "--allow-grpc", d.allow_grpc, "serve gRPC")
     parser.add_argument("--grpc-address", default=d.grpc_address)
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="0 picks a free port")
@@ -133,6 +137,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_address=args.http_address,
         http_port=args.http_port,
         http_max_input_size=args.http_max_input_size,
+        http_header_timeout_secs=args.http_header_timeout_secs,
+        http_body_timeout_secs=args.http_body_timeout_secs,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

@@ -33,6 +33,7 @@ log = logging.getLogger("naiad.server")
 
 EXTENSIONS = [
     "classification",
+    "sequence",
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
@@ -41,6 +42,8 @@ EXTENSIONS = [
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 ]
 
 

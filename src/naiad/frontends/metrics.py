@@ -31,7 +31,7 @@ class MetricsFrontend:
             routes=[Route("/metrics", metrics, methods=["GET"])],
             exception_handlers={404: not_found, 405: not_allowed},
         )
-        self._runner = UvicornRunner(app, host, port, http="h11")
+        self._runner = UvicornRunner(app, host, port, "naiad-metrics", http="h11")
 
     async def start(self) -> int:
         return await self._runner.start()

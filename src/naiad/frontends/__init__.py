@@ -1,0 +1,1 @@
+"""Network frontends (HTTP/REST, gRPC): decode the wire into protocol types, call the Server facade, encode."""

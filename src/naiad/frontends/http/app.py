@@ -1,0 +1,37 @@
+"""The ASGI application: POST .../infer short-cuts straight to the infer handler, the rest goes through the router."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from naiad.frontends.http.body import Receive
+from naiad.frontends.http.infer_handler import InferHandler
+from naiad.frontends.http.responses import Send
+from naiad.frontends.http.routes import build_router
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+_INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+class HttpApp:
+    """ASGI 3 callable for one Server (no lifespan, no websockets)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.infer = InferHandler(server)
+        self.router = build_router(server, self.infer)
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["method"] == "POST":
+            path = scope["path"]
+            if path.endswith("/infer"):
+                match = _INFER_PATH.fullmatch(path)
+                if match is not None:
+                    await self.infer.handle(scope, receive, send, match.group(1), match.group(2) or "")
+                    return
+        await self.router(scope, receive, send)

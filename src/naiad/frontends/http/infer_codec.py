@@ -1,0 +1,211 @@
+"""Infer request/response wire codec: JSON header + binary tensor blobs <-> InferenceRequest/Response."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from naiad.frontends.http.infer_params import (
+    SHM_KEYS,
+    apply_request_parameters,
+    as_bool,
+    as_object,
+    as_uint,
+    check_input_source,
+    remaining_parameters,
+    shared_memory_ref,
+)
+from naiad.frontends.http.raw_request import decode_raw_request
+from naiad.protocol.errors import invalid_arg
+from naiad.protocol.tensor_codec import array_from_json, array_from_raw, array_to_json, array_to_raw, check_datatype, parse_shape
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+_INPUT_CONSUMED = ("binary_data_size", *SHM_KEYS)
+_OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
+_EMPTY = memoryview(b"")
+
+
+@dataclass(slots=True)
+class OutputPlan:
+    """How each output goes back: binary blob or JSON `data` (per-output choice, else the request default)."""
+
+    default_binary: bool = False
+    binary: dict[str, bool] = field(default_factory=dict)
+
+    def is_binary(self, name: str) -> bool:
+        return self.binary.get(name, self.default_binary)
+
+
+def parse_header_length(value: bytes | None, body_length: int) -> int | None:
+    """Inference-Header-Content-Length: None when absent, else an int in [0, body_length] (400 otherwise)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if text.isdigit() and len(text) <= 20:
+        length = int(text)
+        if length <= body_length:
+            return length
+    shown = value.decode("latin-1")
+    raise invalid_arg(f"inference header size should be in range (0, {body_length}), got: {shown}")
+
+
+def _load_json(data: bytes | memoryview) -> Any:
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+
+
+def decode_infer_request(
+    server: Server, model: str, version: str, body: bytes, header_length: int | None
+) -> tuple[InferenceRequest, OutputPlan]:
+    """Decode a (decompressed) infer body; header_length None = all JSON, 0 = raw binary input."""
+    if header_length == 0:
+        return decode_raw_request(server, model, version, body), OutputPlan(default_binary=True)
+    view = memoryview(body)
+    if header_length is None:
+        doc = _load_json(body)
+        binary = _EMPTY
+    else:
+        doc = _load_json(view[:header_length])
+        binary = view[header_length:]
+    if not isinstance(doc, dict):
+        raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
+    request = InferenceRequest(model_name=model, inputs=[], model_version=version)
+    raw_id = doc.get("id", "")
+    if not isinstance(raw_id, str):
+        raise invalid_arg("Unable to parse 'id'")
+    request.id = raw_id
+    plan = OutputPlan(default_binary=apply_request_parameters(doc.get("parameters"), request))
+    _decode_inputs(server, request, doc.get("inputs"), binary, header_length is not None)
+    _decode_outputs(request, plan, doc.get("outputs"))
+    return request, plan
+
+
+def _decode_inputs(
+    server: Server, request: InferenceRequest, raw_inputs: Any, binary: memoryview, has_header: bool
+) -> None:
+    if not isinstance(raw_inputs, list):
+        raise invalid_arg("Unable to parse 'inputs'")
+    offset = 0
+    available = len(binary)
+    for raw in raw_inputs:
+        if not isinstance(raw, dict):
+            raise invalid_arg("Unable to parse 'inputs'")
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg("Unable to parse 'name'")
+        datatype = raw.get("datatype")
+        if not isinstance(datatype, str):
+            raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
+        check_datatype(datatype, name)
+        shape = parse_shape(raw.get("shape"), name)
+        params = as_object(raw.get("parameters"), "parameters")
+        has_binary = "binary_data_size" in params
+        has_shm = "shared_memory_region" in params
+        check_input_source(name, "data" in raw, has_binary, has_shm)
+        if has_binary:
+            size = as_uint(params["binary_data_size"], "binary_data_size")
+            if size and not has_header:
+                raise invalid_arg(
+                    "must specify valid 'Infer-Header-Content-Length' in request header and "
+                    "'binary_data_size' when passing inputs in binary data format"
+                )
+            if offset + size > available:
+                missing = offset + size - available
+                raise invalid_arg(
+                    f"unexpected size for input '{name}', expecting {missing} additional bytes "
+                    f"for model '{request.model_name}'"
+                )
+            array = array_from_raw(datatype, shape, binary[offset : offset + size], name)
+            offset += size
+        elif has_shm:
+            ref = shared_memory_ref(params)
+            array = server.shared_memory.read_tensor(ref, datatype, shape, name)
+        else:
+            array = array_from_json(datatype, shape, raw["data"], name)
+        request.inputs.append(
+            InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED))
+        )
+    if offset != available:
+        raise invalid_arg(f"unexpected additional input data for model '{request.model_name}'")
+
+
+def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: Any) -> None:
+    if raw_outputs is None:
+        return
+    if not isinstance(raw_outputs, list):
+        raise invalid_arg("Unable to parse 'outputs'")
+    for raw in raw_outputs:
+        if not isinstance(raw, dict):
+            raise invalid_arg("Unable to parse 'outputs'")
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise invalid_arg("Unable to parse 'name'")
+        params = as_object(raw.get("parameters"), "parameters")
+        wanted = RequestedOutput(name=name, parameters=remaining_parameters(params, _OUTPUT_CONSUMED))
+        if "binary_data" in params:
+            plan.binary[name] = as_bool(params["binary_data"], "binary_data")
+        if "shared_memory_region" in params:
+            if "classification" in params:
+                raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
+            if plan.binary.get(name):
+                raise invalid_arg("Output can't set both 'shared_memory_region' and 'binary_data'")
+            wanted.shared_memory = shared_memory_ref(params)
+        if "classification" in params:
+            wanted.classification = as_uint(params["classification"], "classification", verb="set")
+        request.outputs.append(wanted)
+
+
+def _json_data(array: np.ndarray, datatype: str) -> Any:
+    """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings."""
+    if datatype == "BYTES" or array.dtype.kind not in "biuf" or datatype in ("FP16", "BF16"):
+        return array_to_json(array, datatype)
+    flat = array.reshape(-1)
+    if not flat.dtype.isnative:
+        flat = flat.astype(flat.dtype.newbyteorder("="))
+    if not flat.flags.c_contiguous:
+        flat = np.ascontiguousarray(flat)
+    return flat
+
+
+def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tuple[bytes, int | None]:
+    """(body, JSON header length or None when there are no binary blobs)."""
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes | memoryview] = []
+    for out in response.outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": [int(d) for d in out.shape]}
+        params = out.parameters
+        if out.data is None:
+            if params:
+                entry["parameters"] = params
+        elif plan.is_binary(out.name):
+            raw = array_to_raw(out.data, out.datatype)
+            merged = dict(params) if params else {}
+            merged["binary_data_size"] = len(raw)
+            entry["parameters"] = merged
+            if len(raw):
+                blobs.append(raw)
+        else:
+            if params:
+                entry["parameters"] = params
+            entry["data"] = _json_data(out.data, out.datatype)
+        outputs.append(entry)
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = str(response.model_version)
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)

@@ -1,0 +1,71 @@
+"""POST /v2/models/{m}[/versions/{v}]/infer as a lean raw-ASGI handler (the benchmarked path)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from naiad.frontends.http.body import Receive, RequestHeaders, decompress_body, read_body
+from naiad.frontends.http.compression import choose_encoding, compress
+from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
+from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
+from naiad.protocol.errors import NaiadError, unsupported
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+logger = logging.getLogger("naiad.http")
+
+DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+class InferHandler:
+    """Reads the bounded body, decodes, calls server.infer_async, encodes (optionally compressed)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """Starlette-routed entry: model/version come from the path parameters."""
+        params = scope.get("path_params", {})
+        await self.handle(scope, receive, send, params.get("model", ""), params.get("version", "") or "")
+
+    async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
+        headers = RequestHeaders.from_scope(scope)
+        server = self.server
+        limit = server.config.http_max_input_size
+        try:
+            body = await read_body(receive, headers, limit, server.config.http_body_timeout_secs)
+            if server.is_decoupled(model, version):
+                raise unsupported(DECOUPLED_MESSAGE)
+            if headers.content_encoding is not None:
+                body = decompress_body(body, headers.content_encoding, limit)
+            header_length = parse_header_length(headers.infer_header_length, len(body))
+            request, plan = decode_infer_request(server, model, version, body, header_length)
+            response = await server.infer_async(request)
+            payload, json_length = encode_infer_response(response, plan)
+        except ClientDisconnected:
+            return
+        except (NaiadError, HttpError) as exc:
+            status, message = status_and_message(exc)
+            await send_error(send, status, message, close=getattr(exc, "close", False), headers=getattr(exc, "headers", None))
+            return
+        except Exception as exc:  # a bug of ours: answer 500, keep serving
+            logger.exception("error handling infer for model '%s'", model)
+            await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
+            return
+        out_headers = []
+        if json_length is None:
+            out_headers.append((b"content-type", JSON))
+        else:
+            out_headers.append((b"content-type", OCTET_STREAM))
+            out_headers.append((b"inference-header-content-length", str(json_length).encode()))
+        if headers.accept_encoding is not None:
+            encoding = choose_encoding(headers.accept_encoding)
+            if encoding is not None:
+                payload = compress(payload, encoding)
+                out_headers.append((b"content-encoding", encoding))
+        out_headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": out_headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -1,0 +1,58 @@
+"""Replies and the raw ASGI messages that send them (JSON, empty, error)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from naiad.frontends.http.errors import error_body
+
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+JSON = b"application/json"
+TEXT = b"text/plain"
+OCTET_STREAM = b"application/octet-stream"
+
+
+@dataclass(slots=True)
+class Reply:
+    """What a route handler answers: status, body, content type and any extra headers."""
+
+    status: int = 200
+    body: bytes = b""
+    content_type: bytes = JSON
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+
+
+def json_reply(obj: Any, status: int = 200) -> Reply:
+    return Reply(status, orjson.dumps(obj), JSON)
+
+
+def empty_reply(status: int = 200) -> Reply:
+    """Health/ready style answer: no body, text/plain."""
+    return Reply(status, b"", TEXT)
+
+
+def error_reply(status: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> Reply:
+    return Reply(status, error_body(message), JSON, list(headers or []))
+
+
+async def send_reply(send: Send, reply: Reply, close: bool = False) -> None:
+    """Send a whole reply in one body message, with Content-Length (and Connection: close if asked)."""
+    headers = [
+        (b"content-type", reply.content_type),
+        (b"content-length", str(len(reply.body)).encode()),
+    ]
+    headers.extend(reply.headers)
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply.body, "more_body": False})
+
+
+async def send_error(
+    send: Send, status: int, message: str, *, close: bool = False, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send_reply(send, error_reply(status, message, headers), close)

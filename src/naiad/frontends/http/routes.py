@@ -1,0 +1,91 @@
+"""The route table: every v2 / Triton-extension path this frontend answers, as a Starlette Router."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.convertors import Convertor, register_url_convertor
+from starlette.routing import Router
+
+from naiad.frontends.http.endpoint import Endpoint, Handler, JsonRoute, not_found
+from naiad.frontends.http.handlers_model import ModelHandlers
+from naiad.frontends.http.handlers_repository import RepositoryHandlers
+from naiad.frontends.http.handlers_settings import SettingsHandlers
+from naiad.frontends.http.handlers_shm import SharedMemoryHandlers
+from naiad.frontends.http.infer_handler import InferHandler
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+
+class _VersionConvertor(Convertor[str]):
+    """`/versions/<n>`: digits only (anything else does not match, hence 404), kept as a string."""
+
+    regex = "[0-9]+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return str(value)
+
+
+register_url_convertor("naiad_version", _VersionConvertor())
+
+_MODEL = "/v2/models/{model}"
+_MODEL_VERSION = "/v2/models/{model}/versions/{version:naiad_version}"
+
+
+def build_router(server: Server, infer: InferHandler) -> Router:
+    """All routes; wrong method on a known path -> JSON 405, unknown path -> JSON 404."""
+    models = ModelHandlers(server)
+    repository = RepositoryHandlers(server)
+    shm = SharedMemoryHandlers(server)
+    settings = SettingsHandlers(server)
+
+    def limit() -> int:
+        return server.config.http_max_input_size
+
+    def timeout() -> float:
+        return server.config.http_body_timeout_secs
+
+    routes: list[JsonRoute] = []
+
+    def add(path: str, method: str | list[str], handler: Handler) -> None:
+        methods = [method] if isinstance(method, str) else method
+        routes.append(JsonRoute(path, Endpoint(handler, limit, timeout), methods=methods))
+
+    def add_model(suffix: str, method: str, handler: Handler) -> None:
+        for base in (_MODEL, _MODEL_VERSION):
+            add(base + suffix, method, handler)
+
+    add("/v2/health/live", "GET", models.live)
+    add("/v2/health/ready", "GET", models.ready)
+    add("/v2", "GET", models.server_metadata)
+    add("/v2/models/stats", "GET", models.model_stats)
+    add_model("", "GET", models.model_metadata)
+    add_model("/ready", "GET", models.model_ready)
+    add_model("/config", "GET", models.model_config)
+    add_model("/stats", "GET", models.model_stats)
+    for base in (_MODEL, _MODEL_VERSION):  # same handler as the app's fast path; routed here for 405s
+        routes.append(JsonRoute(base + "/infer", infer, methods=["POST"]))
+
+    add("/v2/logging", ["GET", "POST"], settings.logging)
+    add("/v2/trace/setting", ["GET", "POST"], settings.trace)
+    add(_MODEL + "/trace/setting", ["GET", "POST"], settings.trace)
+
+    for prefix in ("/v2/repository", "/v2/repository/{repository}"):
+        add(prefix + "/index", "POST", repository.index)
+        add(prefix + "/models/{model}/load", "POST", repository.load)
+        add(prefix + "/models/{model}/unload", "POST", repository.unload)
+
+    for base, status, register, unregister in (
+        ("/v2/systemsharedmemory", shm.system_status, shm.system_register, shm.system_unregister),
+        ("/v2/cudasharedmemory", shm.cuda_status, shm.cuda_register, shm.cuda_unregister),
+    ):
+        for prefix in (base, base + "/region/{region}"):
+            add(prefix + "/status", "GET", status)
+            add(prefix + "/register", "POST", register)
+            add(prefix + "/unregister", "POST", unregister)
+
+    return Router(routes=routes, redirect_slashes=False, default=not_found)

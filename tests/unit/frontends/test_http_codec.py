@@ -1,0 +1,295 @@
+"""Unit tests of the HTTP infer codec, body limits and compression helpers (no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import struct
+import zlib
+
+import numpy as np
+import orjson
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.frontends.http.body import RequestHeaders, decompress_body, read_body
+from naiad.frontends.http.compression import choose_encoding, compress
+from naiad.frontends.http.errors import ClientDisconnected, HttpError
+from naiad.frontends.http.infer_codec import OutputPlan, decode_infer_request, encode_infer_response, parse_header_length
+from naiad.protocol.errors import NaiadError
+from naiad.protocol.types import InferenceResponse, OutputTensor
+
+
+class _Registry:
+    def read_tensor(self, ref, datatype, shape, name):
+        self.seen = (ref, datatype, shape, name)
+        return np.zeros(shape, dtype=np.float32)
+
+
+class _Server:
+    """Only what the codec touches: model_config (raw requests) and shared_memory."""
+
+    def __init__(self) -> None:
+        self.shared_memory = _Registry()
+        self.configs = {}
+        cfg = mc.ModelConfig(name="batched", max_batch_size=4)
+        cfg.input.add(name="X", data_type=mc.TYPE_INT16, dims=[2, -1])
+        self.configs["batched"] = cfg
+        cfg = mc.ModelConfig(name="flat", max_batch_size=0)
+        cfg.input.add(name="X", data_type=mc.TYPE_FP64, dims=[-1])
+        self.configs["flat"] = cfg
+        cfg = mc.ModelConfig(name="two_vars", max_batch_size=0)
+        cfg.input.add(name="X", data_type=mc.TYPE_FP32, dims=[-1, -1])
+        self.configs["two_vars"] = cfg
+
+    def model_config(self, name, version=""):
+        return self.configs[name]
+
+
+SERVER = _Server()
+
+
+def decode(doc: dict, binary: bytes = b"", model: str = "m"):
+    header = orjson.dumps(doc)
+    if binary:
+        return decode_infer_request(SERVER, model, "", header + binary, len(header))
+    return decode_infer_request(SERVER, model, "3", header, None)
+
+
+def test_header_length_parsing():
+    assert parse_header_length(None, 10) is None
+    assert parse_header_length(b"0", 10) == 0
+    assert parse_header_length(b" 10 ", 10) == 10
+    for bad in (b"11", b"-1", b"x", b"", b"1e3", b"\xff", b"9" * 5000, b"0" * 30):
+        with pytest.raises(NaiadError) as info:
+            parse_header_length(bad, 10)
+        assert info.value.code.http_status == 400
+        assert info.value.message.startswith("inference header size should be in range (0, 10), got: ")
+
+
+def test_decode_json_and_binary_inputs_in_order():
+    blob_b = np.array([7, 8], dtype=np.uint8).tobytes()
+    blob_c = struct.pack("<I", 2) + b"hi" + struct.pack("<I", 0)
+    doc = {
+        "id": "abc",
+        "inputs": [
+            {"name": "A", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, 4]]},
+            {"name": "B", "datatype": "UINT8", "shape": [2], "parameters": {"binary_data_size": 2}},
+            {"name": "C", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": len(blob_c), "x": 1}},
+            {"name": "D", "datatype": "BOOL", "shape": [0], "parameters": {"binary_data_size": 0}},
+        ],
+    }
+    request, plan = decode(doc, blob_b + blob_c)
+    assert request.id == "abc" and request.model_version == ""
+    a, b, c, d = request.inputs
+    assert a.data.tolist() == [[1, 2], [3, 4]] and a.data.dtype == np.int64
+    assert b.data.tolist() == [7, 8] and b.shape == (2,)
+    assert c.data.tolist() == [b"hi", b""] and c.parameters == {"x": 1}
+    assert d.data.shape == (0,) and d.data.dtype == np.bool_
+    assert plan.default_binary is False and request.outputs == []
+
+
+def test_decode_outputs_and_plan():
+    doc = {
+        "parameters": {"binary_data_output": True},
+        "inputs": [],
+        "outputs": [
+            {"name": "O1"},
+            {"name": "O2", "parameters": {"binary_data": False, "classification": 3}},
+            {"name": "O3", "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 64,
+                                         "shared_memory_offset": 8, "custom": "v"}},
+        ],
+    }
+    request, plan = decode(doc)
+    o1, o2, o3 = request.outputs
+    assert plan.is_binary("O1") and not plan.is_binary("O2") and plan.is_binary("unlisted")
+    assert o2.classification == 3 and o2.shared_memory is None
+    assert (o3.shared_memory.region, o3.shared_memory.byte_size, o3.shared_memory.offset) == ("r", 64, 8)
+    assert o3.parameters == {"custom": "v"}
+
+
+def test_shm_input_goes_through_registry():
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3],
+                       "parameters": {"shared_memory_region": "reg", "shared_memory_byte_size": 12}}]}
+    request, _ = decode(doc)
+    ref, datatype, shape, name = SERVER.shared_memory.seen
+    assert (ref.region, ref.byte_size, ref.offset, datatype, shape, name) == ("reg", 12, 0, "FP32", (1, 3), "X")
+    assert request.inputs[0].parameters == {}
+    doc["inputs"][0]["parameters"] = {"shared_memory_region": "reg"}
+    with pytest.raises(NaiadError, match="'shared_memory_byte_size' must be specified"):
+        decode(doc)
+
+
+@pytest.mark.parametrize(
+    "params,field,value",
+    [
+        ({"sequence_id": 18446744073709551615}, "sequence_id", 18446744073709551615),
+        ({"sequence_id": "corr"}, "sequence_id", "corr"),
+        ({"sequence_end": True}, "sequence_end", True),
+        ({"timeout": 0}, "timeout_us", 0),
+        ({"priority": 2}, "priority", 2),
+    ],
+)
+def test_reserved_request_parameters(params, field, value):
+    request, _ = decode({"parameters": params, "inputs": []})
+    assert getattr(request, field) == value
+    assert request.parameters == {}
+
+
+def test_out_of_range_parameters_refused():
+    for params in (b'{"sequence_id": 18446744073709551616}', b'{"sequence_id": -1}', b'{"timeout": true}',
+                   b'{"custom": 9223372036854775808}', b'{"custom": null}', b'{"custom": [1]}'):
+        body = b'{"inputs": [], "parameters": ' + params + b"}"
+        with pytest.raises(NaiadError) as info:
+            decode_infer_request(SERVER, "m", "", body, None)
+        assert info.value.code.http_status == 400
+
+
+def test_truncated_and_trailing_binary():
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}
+    with pytest.raises(NaiadError, match=r"^unexpected size for input 'X', expecting 4 additional bytes for model 'm'$"):
+        decode(doc, b"\0" * 4)
+    with pytest.raises(NaiadError, match=r"^unexpected additional input data for model 'm'$"):
+        decode(doc, b"\0" * 9)
+
+
+def test_binary_size_must_match_shape_before_allocating():
+    doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2147483648, 4],
+                       "parameters": {"binary_data_size": 8}}]}
+    with pytest.raises(NaiadError, match="unexpected total byte size 8 for input 'X'"):
+        decode(doc, b"\0" * 8)
+    doc = {"inputs": [{"name": "X", "datatype": "BYTES", "shape": [1 << 40], "parameters": {"binary_data_size": 8}}]}
+    with pytest.raises(NaiadError, match="string elements"):
+        decode(doc, b"\0" * 8)
+
+
+def test_raw_request_shapes():
+    body = np.arange(6, dtype=np.int16).tobytes()
+    request, plan = decode_infer_request(SERVER, "batched", "", body, 0)
+    (inp,) = request.inputs
+    assert (inp.name, inp.datatype, inp.shape) == ("X", "INT16", (1, 2, 3))
+    assert inp.data.tolist() == [[[0, 1, 2], [3, 4, 5]]]
+    assert plan.default_binary is True
+    request, _ = decode_infer_request(SERVER, "flat", "", np.ones(3).tobytes(), 0)
+    assert request.inputs[0].shape == (3,)
+    with pytest.raises(NaiadError, match="unexpected total byte size 5"):
+        decode_infer_request(SERVER, "flat", "", b"12345", 0)
+    with pytest.raises(NaiadError, match="more than one variable-sized dimension"):
+        decode_infer_request(SERVER, "two_vars", "", b"1234", 0)
+
+
+def _response(*outputs: OutputTensor, **kw) -> InferenceResponse:
+    return InferenceResponse("m", "2", list(outputs), **kw)
+
+
+def test_encode_json_response():
+    out = OutputTensor("O", "FP32", (2, 2), np.array([[0.5, 1], [2, 3]], dtype=np.float32).T)
+    strings = OutputTensor("S", "BYTES", (2,), np.array([b"a", "é".encode()], dtype=np.object_))
+    flags = OutputTensor("B", "BOOL", (2,), np.array([True, False]))
+    body, json_length = encode_infer_response(_response(out, strings, flags, id="7", parameters={"p": 1}), OutputPlan())
+    assert json_length is None
+    doc = orjson.loads(body)
+    assert doc["id"] == "7" and doc["model_version"] == "2" and doc["parameters"] == {"p": 1}
+    assert doc["outputs"][0] == {"name": "O", "datatype": "FP32", "shape": [2, 2], "data": [0.5, 2.0, 1.0, 3.0]}
+    assert doc["outputs"][1]["data"] == ["a", "é"]
+    assert doc["outputs"][2]["data"] == [True, False]
+    assert "id" not in orjson.loads(encode_infer_response(_response(out), OutputPlan())[0])
+
+
+def test_encode_binary_response_order_and_empty_outputs():
+    first = OutputTensor("A", "INT32", (2,), np.array([1, 2], dtype=np.int32))
+    empty = OutputTensor("E", "FP32", (0, 3), np.zeros((0, 3), dtype=np.float32))
+    text = OutputTensor("S", "BYTES", (1,), np.array([b"xyz"], dtype=np.object_))
+    shm = OutputTensor("M", "FP32", (4,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 16})
+    as_json = OutputTensor("J", "INT8", (1,), np.array([-3], dtype=np.int8))
+    plan = OutputPlan(default_binary=True, binary={"J": False})
+    body, n = encode_infer_response(_response(first, empty, text, shm, as_json), plan)
+    doc = orjson.loads(body[:n])
+    params = [o.get("parameters") for o in doc["outputs"]]
+    assert params[0] == {"binary_data_size": 8} and params[1] == {"binary_data_size": 0}
+    assert params[2] == {"binary_data_size": 7}
+    assert params[3] == {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+    assert "data" not in doc["outputs"][3] and doc["outputs"][4]["data"] == [-3]
+    assert body[n:] == np.array([1, 2], dtype=np.int32).tobytes() + struct.pack("<I", 3) + b"xyz"
+
+
+def test_encode_half_as_json_refused():
+    half = OutputTensor("H", "FP16", (1,), np.array([1], dtype=np.float16))
+    with pytest.raises(NaiadError, match="sending FP16 data via JSON is not supported"):
+        encode_infer_response(_response(half), OutputPlan())
+    body, n = encode_infer_response(_response(half), OutputPlan(default_binary=True))
+    assert body[n:] == np.array([1], dtype="<f2").tobytes()
+
+
+def test_accept_encoding_choice():
+    assert choose_encoding(None) is None
+    assert choose_encoding(b"gzip") == b"gzip"
+    assert choose_encoding(b"deflate, gzip") == b"deflate"
+    assert choose_encoding(b"deflate;q=0.2, gzip;q=0.8") == b"gzip"
+    assert choose_encoding(b"identity, gzip;q=0.5") is None
+    assert choose_encoding(b"br, zstd") is None
+    assert choose_encoding(b"gzip;q=abc, deflate") == b"deflate"
+    assert gzip.decompress(compress(b"x" * 100, b"gzip")) == b"x" * 100
+    assert zlib.decompress(compress(b"y" * 100, b"deflate")) == b"y" * 100
+
+
+def test_decompress_body():
+    data = b"hello" * 100
+    assert decompress_body(gzip.compress(data), b"gzip", 1000) == data
+    assert decompress_body(gzip.compress(data) + gzip.compress(b"!"), b"gzip", 1000) == data + b"!"
+    assert decompress_body(zlib.compress(data), b"deflate", 1000) == data
+    raw = zlib.compressobj(6, zlib.DEFLATED, -15)
+    assert decompress_body(raw.compress(data) + raw.flush(), b"deflate", 1000) == data
+    assert decompress_body(data, b"identity", 10) == data
+    with pytest.raises(HttpError) as info:
+        decompress_body(gzip.compress(data), b"gzip", 499)
+    assert info.value.status == 400 and "exceeds the maximum allowed value of 499 bytes" in info.value.message
+    with pytest.raises(HttpError, match="unable to decompress"):
+        decompress_body(gzip.compress(data)[:-10], b"gzip", 1000)
+    with pytest.raises(HttpError, match="Unsupported compression type 'zstd'"):
+        decompress_body(data, b"zstd", 1000)
+
+
+def _receiver(messages):
+    queue = list(messages)
+
+    async def receive():
+        if queue:
+            return queue.pop(0)
+        await asyncio.sleep(3600)
+
+    return receive
+
+
+def test_read_body_limits():
+    headers = RequestHeaders(content_length=b"6")
+    chunks = [{"type": "http.request", "body": b"abc", "more_body": True},
+              {"type": "http.request", "body": b"def", "more_body": False}]
+    assert asyncio.run(read_body(_receiver(chunks), headers, 6, 5)) == b"abcdef"
+    with pytest.raises(HttpError) as info:
+        asyncio.run(read_body(_receiver(chunks), RequestHeaders(content_length=b"7"), 6, 5))
+    assert info.value.close and "Request JSON size of 7 bytes exceeds the maximum allowed value of 6 bytes" in info.value.message
+    with pytest.raises(HttpError) as info:
+        asyncio.run(read_body(_receiver(chunks), RequestHeaders(chunked=True), 5, 5))
+    assert info.value.close and "more than 5 bytes" in info.value.message
+    with pytest.raises(HttpError) as info:
+        asyncio.run(read_body(_receiver(chunks[:1]), headers, 6, 0.05))
+    assert info.value.status == 408 and info.value.close
+    with pytest.raises(ClientDisconnected):
+        asyncio.run(read_body(_receiver([{"type": "http.disconnect"}]), headers, 6, 5))
+
+
+def test_bf16_json_refused_both_ways_but_binary_works():
+    doc = {"inputs": [{"name": "X", "datatype": "BF16", "shape": [2], "data": [1, 2]}]}
+    with pytest.raises(NaiadError, match="receiving BF16 data via JSON is not supported") as info:
+        decode(doc)
+    assert info.value.code.http_status == 400
+    words = np.array([0x3F80, 0x4000], dtype=np.uint16)
+    request, _ = decode({"inputs": [{"name": "X", "datatype": "BF16", "shape": [2],
+                                     "parameters": {"binary_data_size": 4}}]}, words.astype("<u2").tobytes())
+    assert request.inputs[0].data.tolist() == [0x3F80, 0x4000]
+    out = OutputTensor("Y", "BF16", (2,), words)
+    with pytest.raises(NaiadError, match="sending BF16 data via JSON is not supported"):
+        encode_infer_response(_response(out), OutputPlan())
+    body, n = encode_infer_response(_response(out), OutputPlan(default_binary=True))
+    assert body[n:] == words.astype("<u2").tobytes()
