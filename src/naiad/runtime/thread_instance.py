@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -10,17 +11,47 @@ import numpy as np
 from naiad.backends.base import ExecutionBatch, ModelInstance
 
 
-class ThreadInstance:
-    """A ModelInstance plus the single thread it executes on (one batch at a time)."""
+# Executions shorter than this run inline on the event loop: a thread hand-off costs more
+# (~50-150 us) than the work itself, and blocking the loop for this long is harmless.
+INLINE_THRESHOLD_NS = 100_000
 
-    def __init__(self, instance: ModelInstance) -> None:
+
+class ThreadInstance:
+    """A ModelInstance plus the single thread it executes on (one batch at a time).
+
+    Keeps a moving average of execution time; models whose executions are tiny run inline.
+    """
+
+    def __init__(self, instance: ModelInstance, inline_threshold_ns: int = INLINE_THRESHOLD_NS) -> None:
         self.instance = instance
         self.name = instance.name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"naiad-{instance.name}")
+        self._threshold = inline_threshold_ns
+        self._average_ns = float(inline_threshold_ns * 10)  # start on the thread until measured
+
+    @property
+    def inline(self) -> bool:
+        return self._average_ns < self._threshold
 
     async def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
+        if self.inline:
+            start = time.perf_counter_ns()
+            try:
+                return self.instance.execute(batch)
+            finally:
+                self._observe(time.perf_counter_ns() - start)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self.instance.execute, batch)
+        return await loop.run_in_executor(self._executor, self._timed, batch)
+
+    def _timed(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
+        start = time.perf_counter_ns()
+        try:
+            return self.instance.execute(batch)
+        finally:
+            self._observe(time.perf_counter_ns() - start)
+
+    def _observe(self, ns: int) -> None:
+        self._average_ns += (ns - self._average_ns) * 0.2
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
@@ -38,6 +69,13 @@ class InstancePool:
 
     async def acquire(self):  # -> ThreadInstance | RequestModelInstance
         return await self._idle.get()
+
+    def try_acquire(self):
+        """An idle instance right now, or None."""
+        try:
+            return self._idle.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
 
     def release(self, instance) -> None:
         self._idle.put_nowait(instance)

@@ -46,6 +46,16 @@ class DynamicBatcher:
         if policy.max_queue_size and level.size() >= policy.max_queue_size:
             raise unavailable(QUEUE_FULL_MESSAGE)
         timeout_us = policy.timeout_us(request.timeout_us if request else 0)
+        if self._delay_ns == 0 and not self._preserve_ordering and self.pending() == 0:
+            instance = self._pool.try_acquire()
+            if instance is not None:
+                # Nothing queued and an instance idle: run now, without a hop through the batching loop.
+                self._inflight += 1
+                try:
+                    await self._execute(instance, [item])
+                    return await item.future
+                finally:
+                    self._inflight -= 1
         timer = None
         if timeout_us:
             timer = self._loop.call_later(timeout_us / 1e6, self._expire, item, level)
@@ -166,8 +176,19 @@ class DynamicBatcher:
                     queue.clear()
                     queue.extend(kept)
 
-    async def _run(self) -> None:
+    async def _wait_for_requests(self) -> None:
         while True:
+            self._drop_finished()
+            if any(level.size() for level in self._levels):
+                return
+            self._arrived.clear()
+            await self._arrived.wait()
+
+    async def _run(self) -> None:
+        # Wait for work first, then for an instance: while every instance is busy, requests keep
+        # queueing and the next free instance takes a batch formed from all of them.
+        while True:
+            await self._wait_for_requests()
             instance = await self._pool.acquire()
             try:
                 items = await self._next_batch()
