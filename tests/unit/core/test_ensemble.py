@@ -30,7 +30,7 @@ def test_ensemble_runs_its_steps(tmp_path):
         a = np.random.rand(2, 16).astype(np.float32)
         b = np.random.rand(2, 16).astype(np.float32)
         out = srv.infer("ens", {"A": a, "B": b})
-        np.testing.assert_allclose(out["TWICE_A"], 2 * a, rtol=1e-6)
+        np.testing.assert_allclose(out["TWICE_A"], 2 * a, rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(out["SUM"], a + b, rtol=1e-6)
         assert srv.model_metadata("ens")["platform"] == "ensemble"
         stats = {s["name"]: s for s in srv.model_statistics()["model_stats"]}
