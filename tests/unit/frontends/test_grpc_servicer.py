@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
@@ -143,6 +143,24 @@ class FakeServer:
         return InferenceResponse(
             request.model_name, "1", outputs, id=request.id, parameters={"echo_id": request.id or "none"}
         )
+
+    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        """dec: COUNT responses (INT32 value i), then a flag-only final; others: one final response."""
+        self._check(request.model_name, request.model_version)
+        if request.model_name != "dec":
+            yield await self.infer_async(request), True
+            return
+        with self._seen_changed:
+            self.seen.append(request)
+            self._seen_changed.notify_all()
+        count = int(request.inputs[0].data.ravel()[0])
+        if count < 0:
+            raise invalid_arg(f"negative count {count}")
+        for i in range(count):
+            out = OutputTensor("OUT", "INT32", (1,), np.array([i], dtype=np.int32))
+            yield InferenceResponse("dec", "1", [out], id=request.id), False
+            await asyncio.sleep(0)
+        yield None, True
 
     async def _gate(self, request: InferenceRequest) -> InferenceResponse:
         """Input KEY (BYTES) completes only after input AFTER's key completed ('' = immediately)."""
@@ -283,9 +301,7 @@ def test_health_and_metadata(client: grpcclient.InferenceServerClient) -> None:
 
 
 def test_unknown_model_is_not_found(client: grpcclient.InferenceServerClient) -> None:
-    err = _client_error(client.is_model_ready, "nope")
-    assert err.status() == "StatusCode.NOT_FOUND"
-    assert err.message() == "Request for unknown model: 'nope' is not found"
+    assert client.is_model_ready("nope") is False  # Triton 2.51: OK with ready=false
     err = _client_error(client.get_model_metadata, "echo", "9")
     assert err.status() == "StatusCode.NOT_FOUND"
     assert err.message() == "Request for unknown model: 'echo' version 9 is not found"
@@ -682,3 +698,45 @@ def test_stream_cancel_cancels_in_flight(running: Running) -> None:
     assert running.fake.cancelled.get(timeout=WAIT) == "c-wait"
     with grpcclient.InferenceServerClient(running.url) as c:
         assert c.is_server_ready() is True
+
+
+def _dec_request(request_id: str, count: int, empty_final: bool | None = None) -> pb.ModelInferRequest:
+    request = pb.ModelInferRequest(model_name="dec", id=request_id)
+    request.inputs.add(name="COUNT", datatype="INT32", shape=[1]).contents.int_contents.append(count)
+    if empty_final is not None:
+        request.parameters["triton_enable_empty_final_response"].bool_param = empty_final
+    return request
+
+
+def test_stream_decoupled_many_responses(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    responses = list(stub.ModelStreamInfer(iter([_dec_request("d3", 3), _dec_request("d0", 0)])))
+    assert [r.error_message for r in responses] == ["", "", ""]
+    assert [r.infer_response.id for r in responses] == ["d3"] * 3
+    values = [np.frombuffer(r.infer_response.raw_output_contents[0], "<i4")[0] for r in responses]
+    assert values == [0, 1, 2]
+    assert [r.infer_response.parameters["triton_final_response"].bool_param for r in responses] == [False] * 3
+
+
+def test_stream_decoupled_empty_final_response(running: Running) -> None:
+    collector: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    count = grpcclient.InferInput("COUNT", [1], "INT32")
+    count.set_data_from_numpy(np.array([2], dtype=np.int32))
+    with grpcclient.InferenceServerClient(running.url) as c:
+        c.start_stream(callback=lambda result, error: collector.put((result, error)))
+        c.async_stream_infer("dec", [count], request_id="ef", enable_empty_final_response=True)
+        got = [collector.get(timeout=WAIT) for _ in range(3)]
+        c.stop_stream()
+    assert [e for _, e in got] == [None] * 3
+    finals = [r.get_response().parameters["triton_final_response"].bool_param for r, _ in got]
+    assert finals == [False, False, True]
+    last = got[-1][0].get_response()
+    assert (last.id, last.model_name, len(last.outputs)) == ("ef", "dec", 0)
+    assert [r.as_numpy("OUT").tolist() for r, _ in got[:2]] == [[0], [1]]
+
+
+def test_stream_decoupled_error_ends_that_request_only(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    responses = list(stub.ModelStreamInfer(iter([_dec_request("neg", -1), _dec_request("one", 1, True)])))
+    errors = [r for r in responses if r.error_message]
+    assert [(r.error_message, r.infer_response.id) for r in errors] == [("negative count -1", "neg")]
+    ok = [r.infer_response for r in responses if not r.error_message]
+    assert [(r.id, r.parameters["triton_final_response"].bool_param) for r in ok] == [("one", False), ("one", True)]

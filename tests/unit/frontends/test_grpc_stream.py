@@ -13,8 +13,8 @@ from naiad.protocol.errors import ErrorCode, NaiadError, internal
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 
 
-def _message(request_id: str, empty_final: bool | None = None, model: str = "m") -> pb.ModelInferRequest:
-    message = pb.ModelInferRequest(model_name=model, model_version="2", id=request_id, raw_input_contents=[b"\1"])
+def _message(request_id: str, empty_final: bool | None = None, version: str = "") -> pb.ModelInferRequest:
+    message = pb.ModelInferRequest(model_name="m", model_version=version, id=request_id, raw_input_contents=[b"\1"])
     message.inputs.add(name="A", datatype="INT8", shape=[1])
     if empty_final is not None:
         message.parameters["triton_enable_empty_final_response"].bool_param = empty_final
@@ -55,9 +55,20 @@ def test_empty_final_response_when_requested() -> None:
     items = asyncio.run(_collect(session, _message("b", empty_final=True)))
     assert len(items) == 4
     last = items[-1].infer_response
-    assert (last.id, last.model_name, last.model_version) == ("b", "m", "2")
+    assert (last.id, last.model_name, last.model_version) == ("b", "m", "2")  # the version that served it
     assert len(last.outputs) == 0 and len(last.raw_output_contents) == 0
     assert last.parameters["triton_final_response"].bool_param is True
+
+
+def test_empty_final_alone_echoes_requested_identity() -> None:
+    async def flag_only(request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        yield None, True
+
+    items = asyncio.run(_collect(StreamSession(flag_only, None, fatal_errors=False), _message("e", True, "7")))
+    (only,) = items
+    assert (only.infer_response.id, only.infer_response.model_version) == ("e", "7")
+    assert only.infer_response.parameters["triton_final_response"].bool_param is True
+    assert asyncio.run(_collect(StreamSession(flag_only, None, fatal_errors=False), _message("n"))) == []
 
 
 def test_interleaved_requests_all_complete() -> None:

@@ -1,0 +1,301 @@
+"""inference.GRPCInferenceService handlers: decode the protobuf, call the Server facade, encode."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING, Any, AsyncIterator
+
+import grpc
+import numpy as np
+from google.protobuf import json_format
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from naiad.frontends.grpc.infer_codec import (
+    SHM_DISABLED_MESSAGE,
+    ShmReader,
+    decode_infer_request,
+    encode_infer_response,
+)
+from naiad.frontends.grpc.status import guarded, status_of
+from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
+from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg, unsupported
+from naiad.protocol.types import InferenceRequest, InferenceResponse, SharedMemoryRef
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+DECOUPLED_UNARY_MESSAGE = "ModelInfer RPC doesn't support models with decoupled transaction policy"
+REPOSITORY_NAME_MESSAGE = "'repository_name' specification is not supported"
+
+
+def _check_repository_name(name: str) -> None:
+    if name:
+        raise unsupported(REPOSITORY_NAME_MESSAGE)
+
+
+def _tensor_metadata(entries: list[dict]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    return [
+        pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+        for t in entries
+    ]
+
+
+def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
+    """RepositoryModelLoad parameters: `config` (string_param) and `file:<path>` (bytes_param) entries."""
+    config: str | None = None
+    files: dict[str, bytes] = {}
+    for key, param in params.items():
+        choice = param.WhichOneof("parameter_choice")
+        if key == "config":
+            if choice != "string_param":
+                raise invalid_arg("invalid value type for load parameter 'config', expected string_param.")
+            config = param.string_param
+        elif key.startswith("file:"):
+            if choice != "bytes_param":
+                raise invalid_arg(f"invalid value type for load parameter '{key}', expected bytes_param.")
+            files[key] = param.bytes_param
+    return config, files
+
+
+class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    """The KServe v2 gRPC service on top of the Server facade."""
+
+    def __init__(self, server: Server) -> None:
+        self._server = server
+        self._shm_reader: ShmReader | None = self._read_shm if server.config.allow_client_shm else None
+
+    def _read_shm(self, ref: SharedMemoryRef, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
+        return self._server.shared_memory.read_tensor(ref, datatype, shape, name)
+
+    async def _stream_responses(
+        self, request: InferenceRequest
+    ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+        """Responses of one stream request: decoupled models through infer_stream, others infer_async."""
+        server = self._server
+        if server.is_decoupled(request.model_name, request.model_version):
+            async for item in server.infer_stream(request):
+                yield item
+        else:
+            yield await server.infer_async(request), True
+
+    def _check_client_shm(self) -> None:
+        if self._shm_reader is None:
+            raise unsupported(SHM_DISABLED_MESSAGE)
+
+    # ------------------------------------------------------------ health and metadata
+
+    @guarded
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._server.is_live())
+
+    @guarded
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._server.is_ready())
+
+    @guarded
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+        # Triton 2.51 answers OK with ready=false for unknown or unavailable models (observed).
+        try:
+            return pb.ModelReadyResponse(ready=self._server.model_ready(request.name, request.version))
+        except NaiadError as exc:
+            if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARG):
+                return pb.ModelReadyResponse(ready=False)
+            raise
+
+    @guarded
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
+        meta = self._server.metadata()
+        return pb.ServerMetadataResponse(
+            name=meta["name"], version=meta["version"], extensions=meta.get("extensions", [])
+        )
+
+    @guarded
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
+        meta = self._server.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=meta["name"],
+            versions=meta.get("versions", []),
+            platform=meta.get("platform", ""),
+            inputs=_tensor_metadata(meta.get("inputs", [])),
+            outputs=_tensor_metadata(meta.get("outputs", [])),
+        )
+
+    @guarded
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
+        response = pb.ModelConfigResponse()
+        response.config.CopyFrom(self._server.model_config(request.name, request.version))
+        return response
+
+    @guarded
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: Any
+    ) -> pb.ModelStatisticsResponse:
+        stats = self._server.model_statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
+
+    # ------------------------------------------------------------ inference
+
+    @guarded
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        server = self._server
+        if server.is_decoupled(request.model_name, request.model_version):
+            raise unsupported(DECOUPLED_UNARY_MESSAGE)
+        decoded = decode_infer_request(request, self._shm_reader)
+        return encode_infer_response(await server.infer_async(decoded))
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context))
+        async with contextlib.aclosing(session.responses(request_iterator)) as items:
+            async for item in items:
+                if isinstance(item, Fatal):
+                    await context.abort(status_of(item.error), item.error.message)
+                yield item
+
+    # ------------------------------------------------------------ model repository
+
+    @guarded
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: Any
+    ) -> pb.RepositoryIndexResponse:
+        _check_repository_name(request.repository_name)
+        entries = self._server.repository_index(ready_only=request.ready)
+        return pb.RepositoryIndexResponse(
+            models=[
+                pb.RepositoryIndexResponse.ModelIndex(
+                    name=e["name"],
+                    version=e.get("version", ""),
+                    state=e.get("state", ""),
+                    reason=e.get("reason", ""),
+                )
+                for e in entries
+            ]
+        )
+
+    @guarded
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Any
+    ) -> pb.RepositoryModelLoadResponse:
+        _check_repository_name(request.repository_name)
+        config, files = _load_parameters(request.parameters)
+        await self._server.load_model(request.model_name, config_json=config, files=files or None)
+        return pb.RepositoryModelLoadResponse()
+
+    @guarded
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Any
+    ) -> pb.RepositoryModelUnloadResponse:
+        _check_repository_name(request.repository_name)
+        unload_dependents = False
+        if "unload_dependents" in request.parameters:
+            param = request.parameters["unload_dependents"]
+            if param.WhichOneof("parameter_choice") != "bool_param":
+                raise invalid_arg("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+            unload_dependents = param.bool_param
+        await self._server.unload_model(request.model_name, unload_dependents=unload_dependents)
+        return pb.RepositoryModelUnloadResponse()
+
+    # ------------------------------------------------------------ shared memory
+
+    @guarded
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Any
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._server.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=region["name"],
+                    key=region["key"],
+                    offset=region.get("offset", 0),
+                    byte_size=region["byte_size"],
+                )
+            )
+        return response
+
+    @guarded
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._check_client_shm()
+        self._server.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @guarded
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._check_client_shm()
+        self._server.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @guarded
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Any
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self._server.cuda_shared_memory_status(request.name):
+            response.regions[region["name"]].CopyFrom(
+                pb.CudaSharedMemoryStatusResponse.RegionStatus(
+                    name=region["name"], device_id=region.get("device_id", 0), byte_size=region["byte_size"]
+                )
+            )
+        return response
+
+    @guarded
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._check_client_shm()
+        self._server.cuda_shared_memory_register(
+            request.name, request.raw_handle, request.device_id, request.byte_size
+        )
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @guarded
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._check_client_shm()
+        self._server.cuda_shared_memory_unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    # ------------------------------------------------------------ trace and log settings
+
+    @guarded
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Any) -> pb.TraceSettingResponse:
+        """An empty value list clears a model override (sent as null); one value is a string, several a list."""
+        changes: dict[str, Any] = {}
+        for key, setting in request.settings.items():
+            values = list(setting.value)
+            if not values:
+                changes[key] = None
+            else:
+                changes[key] = values if key == "trace_level" else values[0]
+        if changes:
+            current = self._server.update_trace_settings(request.model_name, changes)
+        else:
+            current = self._server.get_trace_settings(request.model_name)
+        response = pb.TraceSettingResponse()
+        for key, value in current.items():
+            response.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @guarded
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Any) -> pb.LogSettingsResponse:
+        changes: dict[str, Any] = {}
+        for key, setting in request.settings.items():
+            choice = setting.WhichOneof("parameter_choice")
+            changes[key] = getattr(setting, choice) if choice else None
+        current = self._server.update_log_settings(changes) if changes else self._server.get_log_settings()
+        response = pb.LogSettingsResponse()
+        for key, value in current.items():
+            if isinstance(value, bool):
+                response.settings[key].bool_param = value
+            elif isinstance(value, int):
+                response.settings[key].uint32_param = value
+            else:
+                response.settings[key].string_param = value
+        return response
