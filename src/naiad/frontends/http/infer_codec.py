@@ -150,8 +150,9 @@ def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: An
             raise invalid_arg("Unable to parse 'name'")
         params = as_object(raw.get("parameters"), "parameters")
         wanted = RequestedOutput(name=name, parameters=remaining_parameters(params, _OUTPUT_CONSUMED))
-        if "binary_data" in params:
-            plan.binary[name] = as_bool(params["binary_data"], "binary_data")
+        # As Triton 2.51 does: binary_data_output covers only outputs not listed explicitly;
+        # a listed output without its own binary_data comes back as JSON.
+        plan.binary[name] = as_bool(params["binary_data"], "binary_data") if "binary_data" in params else False
         if "shared_memory_region" in params:
             if "classification" in params:
                 raise invalid_arg("Output can't set both 'shared_memory_region' and 'classification'")
