@@ -396,3 +396,10 @@ def test_log_and_trace_settings_over_grpc(client: grpcclient.InferenceServerClie
     assert client.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["1000"]
     err = _client_error(client.update_trace_settings, settings={"trace_rate": "abc"})
     assert err.status() == "StatusCode.INVALID_ARGUMENT" and "Unable to parse 'trace_rate', got: abc" in err.message()
+
+
+def test_standard_health_service_reports_serving(server: RunningServer) -> None:
+    channel = grpc.insecure_channel(server.grpc_url)
+    check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    assert check(b"", timeout=10) == b"\x08\x01"  # HealthCheckResponse{status: SERVING}
+    channel.close()

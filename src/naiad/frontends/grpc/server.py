@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class GrpcFrontend:
         """Bind and start serving; returns the bound port (port 0 picks a free one)."""
         grpc_server = grpc.aio.server(options=server_options())
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), grpc_server)
+        grpc_server.add_generic_rpc_handlers((health_handler(self._server),))
         address = bind_address(self._host, self._port)
         try:
             port = grpc_server.add_insecure_port(address)
