@@ -6,14 +6,16 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive
+from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.infer_handler import InferHandler
-from naiad.frontends.http.responses import Send
+from naiad.frontends.http.responses import Send, send_error
 from naiad.frontends.http.routes import build_router
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
 
 _INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+_GENERATE_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/generate(_stream)?")
 
 
 class HttpApp:
@@ -22,6 +24,7 @@ class HttpApp:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.infer = InferHandler(server)
+        self.generate = GenerateHandler(server)
         self.router = build_router(server, self.infer)
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -34,4 +37,12 @@ class HttpApp:
                 if match is not None:
                     await self.infer.handle(scope, receive, send, match.group(1), match.group(2) or "")
                     return
+            elif "/generate" in path:
+                match = _GENERATE_PATH.fullmatch(path)
+                if match is not None:
+                    await self.generate.handle(scope, receive, send, match.group(1), match.group(2) or "", bool(match.group(3)))
+                    return
+        elif "/generate" in scope["path"] and _GENERATE_PATH.fullmatch(scope["path"]):
+            await send_error(send, 405, "Method Not Allowed")
+            return
         await self.router(scope, receive, send)
