@@ -20,7 +20,8 @@ from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
-from naiad.repository.local import ModelLocation, directory_fingerprint, scan_repositories, version_directories
+from naiad.repository.catalog import ModelLocation, RepositoryCatalog
+from naiad.repository.local import version_directories
 
 log = logging.getLogger("naiad.lifecycle")
 
@@ -80,13 +81,14 @@ class ModelLifecycle:
         self.settings = settings
         self.backends = backends
         self.services = services
+        self.catalog = RepositoryCatalog(settings.model_repositories)
         self.records: dict[str, ModelRecord] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(settings.model_load_thread_count, 1), thread_name_prefix="naiad-load")
 
     # ------------------------------------------------------------ lookups
 
-    def scan(self) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
-        return scan_repositories(self.settings.model_repositories)
+    def scan(self) -> tuple[dict[str, ModelLocation], dict[str, list[str]]]:
+        return self.catalog.scan()
 
     def lookup(self, name: str, version: str = "") -> ModelVersion:
         """The version serving a request: the given one, else the highest READY one."""
@@ -149,7 +151,7 @@ class ModelLifecycle:
         locations, duplicates = self.scan()
         for name, dirs in duplicates.items():
             record = self.records.setdefault(name, ModelRecord(name))
-            reason = f"model '{name}' appears in more than one model repository: {[str(d) for d in dirs]}"
+            reason = f"model '{name}' appears in more than one model repository: {dirs}"
             record.versions = {1: VersionState(UNAVAILABLE, reason)}
             log.error(reason)
         wanted = sorted(locations) if names is None else names
@@ -173,6 +175,7 @@ class ModelLifecycle:
         loop = asyncio.get_running_loop()
         if files:
             model_dir = _write_override_files(name, files)
+            fingerprint: tuple | None = None
         else:
             locations, duplicates = self.scan()
             if name in duplicates:
@@ -182,16 +185,11 @@ class ModelLifecycle:
                 if not record.versions:
                     self.records.pop(name, None)
                 raise internal(f"failed to load '{name}', failed to poll from model repository")
-            model_dir = location.path
-        fingerprint = directory_fingerprint(model_dir)
-        if (
-            not files
-            and config_override is None
-            and record.ready()
-            and record.fingerprint == fingerprint
-            and record.override_dir is None
-        ):
-            return  # nothing changed: Triton treats this load as a no-op
+            fingerprint = await loop.run_in_executor(self._executor, location.repository.fingerprint, name)
+            unchanged = record.fingerprint == fingerprint and record.ready() and record.override_dir is None
+            if unchanged and config_override is None:
+                return  # nothing changed: Triton treats this load as a no-op
+            model_dir = await loop.run_in_executor(self._executor, location.repository.local_path, name)
         if config_override is None and not files and record.override_dir is None:
             config_override = record.config_override  # an override stays in force across reloads
         for version in version_directories(model_dir) or {1: None}:
@@ -368,9 +366,11 @@ class ModelLifecycle:
         locations, _ = self.scan()
         for name in [n for n, r in self.records.items() if n not in locations and r.ready()]:
             await self.unload(name)
+        loop = asyncio.get_running_loop()
         for name in sorted(locations):
             record = self.records.get(name)
-            if record is not None and record.fingerprint == directory_fingerprint(locations[name].path):
+            fingerprint = await loop.run_in_executor(self._executor, locations[name].repository.fingerprint, name)
+            if record is not None and record.fingerprint == fingerprint:
                 continue
             try:
                 await self.load(name)

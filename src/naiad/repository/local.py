@@ -1,35 +1,27 @@
-"""Local model repositories: finding model directories, version directories and config files."""
+"""Local model repositories: model directories, version directories and config files."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 
-@dataclass(frozen=True)
-class ModelLocation:
-    """One model directory found in a repository."""
+class LocalRepository:
+    """A repository directory on this machine; models are its subdirectories."""
 
-    name: str
-    path: Path
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._path = Path(root)
 
+    def model_names(self) -> list[str]:
+        entries = sorted(os.scandir(self._path), key=lambda e: e.name)
+        return [e.name for e in entries if e.is_dir() and not e.name.startswith(".")]
 
-def scan_repositories(repositories: list[str]) -> tuple[dict[str, ModelLocation], dict[str, list[Path]]]:
-    """Model name -> location; plus names found in more than one repository (both refused)."""
-    found: dict[str, list[Path]] = {}
-    for repo in repositories:
-        root = Path(repo)
-        try:
-            entries = sorted(os.scandir(root), key=lambda e: e.name)
-        except OSError:
-            continue
-        for entry in entries:
-            if entry.is_dir() and not entry.name.startswith("."):
-                found.setdefault(entry.name, []).append(Path(entry.path))
-    unique = {name: ModelLocation(name, dirs[0]) for name, dirs in found.items() if len(dirs) == 1}
-    duplicates = {name: dirs for name, dirs in found.items() if len(dirs) > 1}
-    return unique, duplicates
+    def fingerprint(self, name: str) -> tuple:
+        return directory_fingerprint(self._path / name)
+
+    def local_path(self, name: str) -> Path:
+        return self._path / name
 
 
 def version_directories(model_dir: Path) -> dict[int, Path]:
