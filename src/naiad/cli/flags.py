@@ -26,6 +26,15 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _size(text: str) -> int:
+    from naiad.runtime.memory import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
     parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text)
 
@@ -64,6 +73,12 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-config-name", default="", help="use configs/<name>.pbtxt when present")
     parser.add_argument("--repository-poll-secs", type=float, default=d.repository_poll_secs)
     parser.add_argument("--model-load-thread-count", type=int, default=d.model_load_thread_count)
+    _bool_flag(parser, "--load-on-demand", d.load_on_demand,
+               "explicit mode: load a repository model on its first request instead of refusing it")
+    parser.add_argument("--model-memory-budget", type=_size, default=None, metavar="SIZE",
+                        help="keep loaded models under this much memory (e.g. 2GB); LRU idle models are unloaded")
+    parser.add_argument("--model-idle-unload-secs", type=float, default=None, metavar="N",
+                        help="unload models that received no request for N seconds")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE")
     parser.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                         help="enable the response cache for models with response_cache { enable: true }")
@@ -156,6 +171,9 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model_config_name=args.model_config_name,
         repository_poll_secs=args.repository_poll_secs,
         model_load_thread_count=args.model_load_thread_count,
+        load_on_demand=args.load_on_demand,
+        model_memory_budget=args.model_memory_budget,
+        model_idle_unload_secs=args.model_idle_unload_secs,
         backend_config=_backend_config(args.backend_config),
         allow_client_shm=args.allow_client_shm,
         response_cache_bytes=_cache_bytes(args),

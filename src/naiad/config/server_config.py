@@ -36,6 +36,9 @@ class ServerConfig:
     model_config_name: str = ""
     repository_poll_secs: float = 15.0
     model_load_thread_count: int = 4
+    load_on_demand: bool = False  # explicit mode: a request for an unloaded repository model loads it
+    model_memory_budget: int | None = None  # bytes; least-recently-used idle models are evicted above it
+    model_idle_unload_secs: float | None = None
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
     response_cache_bytes: int | None = None  # --cache-config local,size=N
     # shared memory

@@ -20,7 +20,9 @@ from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
+from naiad.core.model_residency import ResidencyManager
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
+from naiad.runtime.memory import release_free_memory, rss_bytes
 from naiad.repository.local import version_directories
 
 log = logging.getLogger("naiad.lifecycle")
@@ -82,6 +84,9 @@ class ModelLifecycle:
         self.backends = backends
         self.services = services
         self.catalog = RepositoryCatalog(settings.model_repositories)
+        pinned = {n for n in settings.load_models if n != "*"}
+        self.residency = ResidencyManager(settings.model_memory_budget, settings.model_idle_unload_secs, pinned, self._evict)
+        self._measure_lock = asyncio.Lock()  # loads are measured one at a time when a budget is set
         self.records: dict[str, ModelRecord] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(settings.model_load_thread_count, 1), thread_name_prefix="naiad-load")
 
@@ -120,7 +125,7 @@ class ModelLifecycle:
             for state in record.versions.values():
                 if state.state == READY:
                     continue
-                if state.state == UNAVAILABLE and state.reason == "unloaded":
+                if state.state == UNAVAILABLE and state.reason.startswith("unloaded"):
                     continue
                 return False
         return True
@@ -155,7 +160,19 @@ class ModelLifecycle:
             record.versions = {1: VersionState(UNAVAILABLE, reason)}
             log.error(reason)
         wanted = sorted(locations) if names is None else names
-        results = await asyncio.gather(*(self.load(n) for n in wanted), return_exceptions=True)
+        done = 0
+        step = max(len(wanted) // 10, 1)
+
+        async def load_one(name: str) -> None:
+            nonlocal done
+            try:
+                await self.load(name)
+            finally:
+                done += 1
+                if done % step == 0 or done == len(wanted):
+                    log.info("loaded %d/%d models", done, len(wanted))
+
+        results = await asyncio.gather(*(load_one(n) for n in wanted), return_exceptions=True)
         failures = []
         for result in results:
             if isinstance(result, BaseException):
@@ -168,7 +185,13 @@ class ModelLifecycle:
             raise invalid_arg(f"failed to load '{name}': the 'config' parameter is required when 'file:' overrides are given")
         record = self.records.setdefault(name, ModelRecord(name))
         async with record.lock:
-            await self._load_locked(record, config_override, files)
+            if self.residency.budget_bytes is not None:
+                async with self._measure_lock:
+                    await self._load_locked(record, config_override, files)
+            else:
+                await self._load_locked(record, config_override, files)
+        if self.residency.active:
+            await self.residency.enforce(keep=name)
 
     async def _load_locked(self, record: ModelRecord, config_override: str | None, files: dict[str, bytes] | None) -> None:
         name = record.name
@@ -213,10 +236,15 @@ class ModelLifecycle:
         failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
         for version in sorted(prepared.versions):
             try:
-                started = time.monotonic()
+                started, rss_before = time.monotonic(), rss_bytes()
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
-                new_versions[version] = ModelVersion(prepared.config, version, model_dir, instances, self.services)
-                new_versions[version].stats.load_duration_secs = time.monotonic() - started
+                model = ModelVersion(prepared.config, version, model_dir, instances, self.services)
+                model.stats.load_duration_secs = time.monotonic() - started
+                # Measured, not guessed: what this process grew by, plus worker processes' own memory.
+                model.memory_bytes = max(rss_bytes() - rss_before, 0) + sum(
+                    inst.memory_bytes() for inst in instances if hasattr(inst, "memory_bytes")
+                )
+                new_versions[version] = model
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
                 failed[version] = str(exc) or type(exc).__name__
                 log.error("failed to load '%s' version %d: %s", name, version, failed[version])
@@ -243,6 +271,10 @@ class ModelLifecycle:
             shutil.rmtree(record.override_dir.parent, ignore_errors=True)
         record.override_dir = model_dir if files else None
         await asyncio.gather(*(self._retire(m) for m in old.values()))
+        if old:
+            release_free_memory()
+        if record.ready():
+            self.residency.loaded(name, sum(m.memory_bytes for m in record.ready().values()))
         if failed:
             raise self._load_error(record, failed)
 
@@ -345,7 +377,12 @@ class ModelLifecycle:
             if not dep.dependency_of:
                 await self.unload(dependency, unload_dependents=True)
 
-    async def _unload_one(self, record: ModelRecord) -> None:
+    async def _evict(self, name: str, reason: str) -> None:
+        record = self.records.get(name)
+        if record is not None:
+            await self._unload_one(record, reason)
+
+    async def _unload_one(self, record: ModelRecord, reason: str = "unloaded") -> None:
         name = record.name
         async with record.lock:
             serving = {v: s for v, s in record.versions.items() if s.model is not None}
@@ -353,7 +390,9 @@ class ModelLifecycle:
                 state.state = UNLOADING
             await asyncio.gather(*(self._retire(s.model) for s in serving.values() if s.model is not None))
             for version in record.versions:
-                record.versions[version] = VersionState(UNAVAILABLE, "unloaded")
+                record.versions[version] = VersionState(UNAVAILABLE, reason)
+            self.residency.unloaded(name)
+            release_free_memory()
             record.fingerprint = None
             record.config_override = None
             if record.override_dir is not None:
@@ -378,5 +417,6 @@ class ModelLifecycle:
                 log.error("%s", exc.message.rstrip())
 
     async def unload_all(self) -> None:
+        await self.residency.stop()
         await asyncio.gather(*(self.unload(n) for n in list(self.records)), return_exceptions=True)
         self._executor.shutdown(wait=False, cancel_futures=True)

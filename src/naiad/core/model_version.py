@@ -79,6 +79,7 @@ class ModelVersion:
         }
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         self._model_dir = model_dir
+        self.memory_bytes = 0  # measured at load time
         self.stats = ModelStatistics(self.name, self.version_str, _first_response_buckets(config))
         self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
         self.scheduler = self._make_scheduler(services)

@@ -21,6 +21,7 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
+from naiad.observability.exposition import Family
 from naiad.observability.log_settings import LogSettings
 from naiad.observability.tracing import Trace, Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
@@ -73,6 +74,7 @@ class Server:
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
         self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
+        self.metrics.extra_families.append(self._residency_families)
         self._live = False
         self._exiting = False
         self._inflight = 0
@@ -102,6 +104,7 @@ class Server:
         for failure in failures:
             log.error("%s", failure.rstrip())
         self._live = True
+        self.models.residency.start()
         if mode == "poll":
             if self.config.repository_poll_secs <= 0:
                 raise ValueError("--repository-poll-secs must be > 0")
@@ -188,7 +191,7 @@ class Server:
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
         """One request, one response. Decoupled models are refused (use infer_stream)."""
         self._check_serving()
-        model = self.models.lookup(request.model_name, request.model_version)
+        model = await self._serving_version(request)
         if model.decoupled:
             raise unsupported(f"model '{model.name}' is decoupled: use the streaming API (gRPC ModelStreamInfer)")
         item = validate_request(model, request)
@@ -205,7 +208,7 @@ class Server:
                 model.stats.record_cache(True, elapsed)
                 model.stats.record_request(True, elapsed, 0)
                 return response
-        self._begin_request()
+        self._begin_request(model.name)
         try:
             result = await model.scheduler.enqueue(item)
             if result.outputs is None:
@@ -220,7 +223,7 @@ class Server:
             model.stats.record_request(False, time.perf_counter_ns() - start, None, _failure_reason(exc, model))
             raise
         finally:
-            self._end_request()
+            self._end_request(model.name)
         elapsed = time.perf_counter_ns() - start
         model.stats.record_first_response(elapsed)
         model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
@@ -251,12 +254,12 @@ class Server:
         response raises NaiadError and ends the request's stream.
         """
         self._check_serving()
-        model = self.models.lookup(request.model_name, request.model_version)
+        model = await self._serving_version(request)
         item = validate_request(model, request)
         item.request = request
         item.stream = asyncio.Queue()
         start = time.perf_counter_ns()
-        self._begin_request()
+        self._begin_request(model.name)
         enqueued = asyncio.get_running_loop().create_task(model.scheduler.enqueue(item))
         success = False
         reason = "BACKEND"
@@ -286,15 +289,38 @@ class Server:
                 enqueued.cancel()
             with contextlib.suppress(BaseException):
                 await enqueued
-            self._end_request()
+            self._end_request(model.name)
             queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0) if item.dispatch_ns else None
             model.stats.record_request(success, time.perf_counter_ns() - start, queue_ns, reason)
 
-    def _begin_request(self) -> None:
+    async def _serving_version(self, request: InferenceRequest):
+        """The version to run; with --load-on-demand an unloaded repository model is loaded first."""
+        try:
+            return self.models.lookup(request.model_name, request.model_version)
+        except NaiadError as exc:
+            if not (self.config.load_on_demand and exc.code is ErrorCode.NOT_FOUND):
+                raise
+            if request.model_name not in self.models.scan()[0]:
+                raise
+        load = self.models.load(request.model_name)
+        try:
+            if request.timeout_us:
+                await asyncio.wait_for(load, request.timeout_us / 1e6)
+            else:
+                await load
+        except asyncio.TimeoutError:
+            raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
+        except NaiadError as exc:
+            raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
+        return self.models.lookup(request.model_name, request.model_version)
+
+    def _begin_request(self, model_name: str) -> None:
         self._inflight += 1
         self._idle.clear()
+        self.models.residency.begin_use(model_name)
 
-    def _end_request(self) -> None:
+    def _end_request(self, model_name: str) -> None:
+        self.models.residency.end_use(model_name)
         self._inflight -= 1
         if self._inflight == 0:
             self._idle.set()
@@ -335,6 +361,24 @@ class Server:
                 raise invalid_arg(f"requested model version is not available for model '{name}'")
             return {"model_stats": [model.stats.as_dict()]}
         return {"model_stats": [m.stats.as_dict() for _, m in sorted(ready.items())]}
+
+    def _residency_families(self) -> list[Family]:
+        """Loads, evictions and measured model memory (Naiad's own families)."""
+        residency = self.models.residency
+        loads = Family("naiad_model_loads", "counter", "Number of model loads performed")
+        loads.add({}, residency.loads)
+        evictions = Family("naiad_model_evictions", "counter", "Number of models unloaded by the memory budget or idle timeout")
+        for reason, count in residency.evictions.items():
+            evictions.add({"reason": reason}, count)
+        memory = Family("naiad_model_memory_bytes", "gauge", "Memory measured when the model loaded, in bytes")
+        for name, resident in sorted(residency.residents.items()):
+            memory.add({"model": name}, resident.memory_bytes)
+        families = [loads, evictions, memory]
+        if residency.budget_bytes is not None:
+            budget = Family("naiad_model_memory_budget_bytes", "gauge", "The --model-memory-budget")
+            budget.add({}, residency.budget_bytes)
+            families.append(budget)
+        return families
 
     def _model_series(self) -> list[ModelSeries]:
         return [

@@ -45,7 +45,7 @@ class MetricsCollector:
         self._models = models
         self._settings = settings
         self._system = SystemMetrics(gpu_metrics=settings.gpu_metrics)
-        self.custom_families: list[Callable[[], list[Family]]] = []
+        self.extra_families: list[Callable[[], list[Family]]] = []
 
     def families(self) -> list[Family]:
         series = list(self._models())
@@ -95,7 +95,7 @@ class MetricsCollector:
         families += [f for f in cache if f.samples]
         if self._settings.cpu_metrics:
             families += self._system.families()
-        for provider in self.custom_families:
+        for provider in self.extra_families:
             families += provider()
         return families
 
