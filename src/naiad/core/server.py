@@ -26,7 +26,7 @@ from naiad.observability.log_settings import LogSettings
 from naiad.observability.tracing import Trace, Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
-from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 
@@ -193,7 +193,7 @@ class Server:
         self._check_serving()
         model = await self._serving_version(request)
         if model.decoupled:
-            raise unsupported(f"model '{model.name}' is decoupled: use the streaming API (gRPC ModelStreamInfer)")
+            raise DecoupledModelError(model.name)
         item = validate_request(model, request)
         item.request = request
         start = time.perf_counter_ns()

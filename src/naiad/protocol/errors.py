@@ -38,6 +38,13 @@ class NaiadError(Exception):
         return f"NaiadError({self.code.name}, {self.message!r})"
 
 
+class DecoupledModelError(NaiadError):
+    """A one-response API was used on a decoupled model; each frontend words this its own way."""
+
+    def __init__(self, model_name: str) -> None:
+        super().__init__(ErrorCode.UNSUPPORTED, f"model '{model_name}' is decoupled: use a streaming API")
+
+
 def invalid_arg(message: str) -> NaiadError:
     return NaiadError(ErrorCode.INVALID_ARG, message)
 

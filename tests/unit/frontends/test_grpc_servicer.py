@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.server import GrpcFrontend
-from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found, unsupported
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, not_found, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 
 WAIT = 10.0
@@ -120,7 +120,7 @@ class FakeServer:
             self.seen.append(request)
             self._seen_changed.notify_all()
         if request.model_name == "dec":
-            raise unsupported("decoupled models need the streaming facade")
+            raise DecoupledModelError("dec")
         if request.parameters.get("fail"):
             raise internal(f"model failed: {request.parameters['fail']}")
         if request.model_name == "gate":

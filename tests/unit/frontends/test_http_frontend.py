@@ -21,7 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http import HttpFrontend
-from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg, not_found, unsupported
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, not_found, unsupported
 from naiad.protocol.tensor_codec import array_to_raw
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
@@ -140,6 +140,8 @@ class FakeServer:
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
         self.last_request = request
         cfg = self._cfg(request.model_name, request.model_version)
+        if cfg.model_transaction_policy.decoupled:
+            raise DecoupledModelError(request.model_name)
         by_name = {i.name: i for i in request.inputs}
         for spec in cfg.input:
             if spec.name not in by_name:

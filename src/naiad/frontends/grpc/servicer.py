@@ -19,7 +19,7 @@ from naiad.frontends.grpc.infer_codec import (
 )
 from naiad.frontends.grpc.status import guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
-from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg, unsupported
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, SharedMemoryRef
 
 if TYPE_CHECKING:
@@ -71,13 +71,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _stream_responses(
         self, request: InferenceRequest
     ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
-        """Responses of one stream request: decoupled models through infer_stream, others infer_async."""
-        server = self._server
-        if server.is_decoupled(request.model_name, request.model_version):
-            async for item in server.infer_stream(request):
-                yield item
-        else:
-            yield await server.infer_async(request), True
+        """Responses of one stream request (one for ordinary models, any number for decoupled ones)."""
+        async for item in self._server.infer_stream(request):
+            yield item
 
     def _check_client_shm(self) -> None:
         if self._shm_reader is None:
@@ -138,11 +134,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        server = self._server
-        if server.is_decoupled(request.model_name, request.model_version):
-            raise unsupported(DECOUPLED_UNARY_MESSAGE)
         decoded = decode_infer_request(request, self._shm_reader)
-        return encode_infer_response(await server.infer_async(decoded))
+        try:
+            response = await self._server.infer_async(decoded)
+        except DecoupledModelError:
+            raise unsupported(DECOUPLED_UNARY_MESSAGE) from None
+        return encode_infer_response(response)
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any

@@ -10,7 +10,8 @@ from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
-from naiad.protocol.errors import NaiadError, unsupported
+from naiad.frontends.security import HeaderForwarder
+from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -25,6 +26,7 @@ class InferHandler:
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """Starlette-routed entry: model/version come from the path parameters."""
@@ -37,13 +39,16 @@ class InferHandler:
         limit = server.config.http_max_input_size
         try:
             body = await read_body(receive, headers, limit, server.config.http_body_timeout_secs)
-            if server.is_decoupled(model, version):
-                raise unsupported(DECOUPLED_MESSAGE)
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))
             request, plan = decode_infer_request(server, model, version, body, header_length)
-            response = await server.infer_async(request)
+            if self.forward_headers is not None:
+                self.forward_headers.apply(scope["headers"], request.parameters)
+            try:
+                response = await server.infer_async(request)
+            except DecoupledModelError:
+                raise unsupported(DECOUPLED_MESSAGE) from None
             payload, json_length = encode_infer_response(response, plan)
         except ClientDisconnected:
             return
