@@ -90,3 +90,17 @@ def test_bad_flag_value_is_an_error(repo):
         capture_output=True, text=True, timeout=60,
     )
     assert process.returncode == 2 and "expected true or false" in process.stderr
+
+
+def test_unreadable_repository_is_a_start_up_error(tmp_path):
+    missing = tmp_path / "does-not-exist"
+    process = subprocess.run([sys.executable, "-m", "naiad", "serve", "--model-repository", str(missing),
+                              "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"],
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 1 and "unable to read model repository" in process.stderr
+
+
+def test_malformed_cloud_url_is_a_clear_start_up_error():
+    process = subprocess.run([sys.executable, "-m", "naiad", "serve", "--model-repository", "s3://"],
+                             capture_output=True, text=True, timeout=60)
+    assert process.returncode == 1 and process.stderr.startswith("naiad: ") and "Traceback" not in process.stderr

@@ -31,8 +31,15 @@ async def _serve(config: ServerConfig) -> int:
     from naiad.frontends.grpc.server import GrpcFrontend
     from naiad.frontends.http.server import HttpFrontend
     from naiad.frontends.metrics import MetricsFrontend
+    from naiad.frontends.sagemaker import SageMakerFrontend
+    from naiad.frontends.vertex import VertexFrontend
 
-    server = Server(config)
+    try:
+        server = Server(config)
+    except (ImportError, ValueError, OSError) as exc:
+        # e.g. a malformed s3:// URL, unreadable credentials, or a missing optional extra
+        print(f"naiad: {exc}", file=sys.stderr)
+        return 1
     _configure_logging(server.log_settings)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,11 +52,14 @@ async def _serve(config: ServerConfig) -> int:
         await server.shutdown(timeout=0)
         return 1
     frontends = []
-    ports: dict[str, int | None] = {"http_port": None, "grpc_port": None, "metrics_port": None}
+    ports: dict[str, int | None] = {"http_port": None, "grpc_port": None, "metrics_port": None,
+                                    "sagemaker_port": None, "vertex_ai_port": None}
     specs = [
         ("http_port", config.allow_http, HttpFrontend, config.http_address, config.http_port, "HTTPService"),
         ("grpc_port", config.allow_grpc, GrpcFrontend, config.grpc_address, config.grpc_port, "GRPCInferenceService"),
         ("metrics_port", config.allow_metrics, MetricsFrontend, config.metrics_address, config.metrics_port, "Metrics Service"),
+        ("sagemaker_port", config.allow_sagemaker, SageMakerFrontend, config.http_address, config.sagemaker_port, "Sagemaker HTTPService"),
+        ("vertex_ai_port", config.allow_vertex_ai, VertexFrontend, config.http_address, config.vertex_ai_port, "Vertex AI HTTPService"),
     ]
     try:
         for key, enabled, cls, host, port, label in specs:
@@ -59,7 +69,7 @@ async def _serve(config: ServerConfig) -> int:
             ports[key] = await frontend.start()
             frontends.append(frontend)
             log.info("Started %s at %s:%d", label, host, ports[key])
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # ValueError: a setting the frontend refuses (TLS files, Vertex default model)
         log.error("failed to start a frontend: %s", exc)
         for frontend in reversed(frontends):
             await frontend.stop()

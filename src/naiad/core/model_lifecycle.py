@@ -212,7 +212,15 @@ class ModelLifecycle:
             unchanged = record.fingerprint == fingerprint and record.ready() and record.override_dir is None
             if unchanged and config_override is None:
                 return  # nothing changed: Triton treats this load as a no-op
-            model_dir = await loop.run_in_executor(self._executor, location.repository.local_path, name)
+            try:
+                model_dir = await loop.run_in_executor(self._executor, location.repository.local_path, name)
+            except OSError as exc:
+                reason = f"unable to fetch model '{name}' from '{location.repository.root}': {exc}"
+                log.error("%s", reason)
+                for version, state in list(record.versions.items()) or [(1, None)]:
+                    if state is None or state.state != READY:
+                        record.versions[version] = VersionState(UNAVAILABLE, reason)
+                raise self._load_error(record) from None
         if config_override is None and not files and record.override_dir is None:
             config_override = record.config_override  # an override stays in force across reloads
         for version in version_directories(model_dir) or {1: None}:
@@ -417,6 +425,10 @@ class ModelLifecycle:
                 log.error("%s", exc.message.rstrip())
 
     async def unload_all(self) -> None:
+        """At shutdown: every model, then the local copies of remote repositories."""
         await self.residency.stop()
-        await asyncio.gather(*(self.unload(n) for n in list(self.records)), return_exceptions=True)
+        try:
+            await asyncio.gather(*(self.unload(n) for n in list(self.records)), return_exceptions=True)
+        finally:
+            self.catalog.close()
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -88,6 +88,10 @@ class Server:
     async def startup(self) -> None:
         """Load models per the control mode. Raises if a model failed and exit_on_error is set."""
         self._idle.set()
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.models.catalog.check)
+        except OSError as exc:
+            raise RuntimeError(str(exc)) from None
         mode = self.config.model_control_mode
         if mode not in ("none", "poll", "explicit"):
             raise ValueError(f"unknown model control mode '{mode}' (none, poll or explicit)")

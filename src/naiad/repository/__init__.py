@@ -1,1 +1,1 @@
-"""Where model files come from: local directories (cloud storage through fsspec later)."""
+"""Where model files come from: local directories and object storage (s3, gs, az) through fsspec."""

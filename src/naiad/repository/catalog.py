@@ -24,6 +24,10 @@ class Repository(Protocol):
         """A local directory holding the model's current files (downloaded first if remote)."""
         ...
 
+    def close(self) -> None:
+        """Release local copies (remote repositories delete their download area)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ModelLocation:
@@ -48,6 +52,14 @@ class RepositoryCatalog:
     def __init__(self, urls: list[str]) -> None:
         self.repositories = [open_repository(url) for url in urls]
 
+    def check(self) -> None:
+        """Every repository must be listable at start-up (Triton refuses to start otherwise)."""
+        for repository in self.repositories:
+            try:
+                repository.model_names()
+            except OSError as exc:
+                raise OSError(f"unable to read model repository '{repository.root}': {exc}") from None
+
     def scan(self) -> tuple[dict[str, ModelLocation], dict[str, list[str]]]:
         found: dict[str, list[Repository]] = {}
         for repository in self.repositories:
@@ -60,3 +72,7 @@ class RepositoryCatalog:
         unique = {name: ModelLocation(name, repos[0]) for name, repos in found.items() if len(repos) == 1}
         duplicates = {name: [r.root for r in repos] for name, repos in found.items() if len(repos) > 1}
         return unique, duplicates
+
+    def close(self) -> None:
+        for repository in self.repositories:
+            repository.close()

@@ -23,6 +23,9 @@ class LocalRepository:
     def local_path(self, name: str) -> Path:
         return self._path / name
 
+    def close(self) -> None:
+        """Nothing to release: the files are the user's."""
+
 
 def version_directories(model_dir: Path) -> dict[int, Path]:
     """Numeric version subdirectories; names that are not digits or start with '0' are ignored."""

@@ -1,0 +1,179 @@
+"""`naiad serve` from an S3 repository (moto's server on 127.0.0.1): serving, ensembles, POLL mode, cleanup."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+boto3 = pytest.importorskip("boto3")
+
+import tritonclient.grpc as grpcclient  # noqa: E402
+import tritonclient.http as httpclient  # noqa: E402
+
+from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model  # noqa: E402
+from tests.support.servers import start_server  # noqa: E402
+
+DUMMY_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+FP = [("A", "FP32", [16]), ("B", "FP32", [16])]
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"{host}:{port}"
+    server.stop()
+
+
+class Bucket:
+    """A fresh bucket on the moto endpoint; uploads local directory trees like `aws s3 sync` plus folder markers."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.endpoint = endpoint
+        self.name = f"naiad-{uuid.uuid4().hex[:12]}"
+        self.client: Any = boto3.client(
+            "s3", endpoint_url=f"http://{endpoint}", aws_access_key_id="testing",
+            aws_secret_access_key="testing", region_name="us-east-1",
+        )
+        self.client.create_bucket(Bucket=self.name)
+
+    def url(self, prefix: str = "models") -> str:
+        return f"s3://{self.endpoint}/{self.name}/{prefix}"
+
+    def keys(self, prefix: str) -> list[str]:
+        listing = self.client.list_objects_v2(Bucket=self.name, Prefix=prefix)
+        return [item["Key"] for item in listing.get("Contents", [])]
+
+    def upload(self, local: Path, prefix: str) -> None:
+        for root, dirs, files in os.walk(local):
+            relative = Path(root).relative_to(local).as_posix()
+            key_prefix = prefix if relative == "." else f"{prefix}/{relative}"
+            if not dirs and not files:
+                self.client.put_object(Bucket=self.name, Key=f"{key_prefix}/", Body=b"")  # an empty folder
+            for name in files:
+                self.client.upload_file(str(Path(root) / name), self.name, f"{key_prefix}/{name}")
+
+
+@pytest.fixture()
+def child_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """The environment `naiad serve` inherits: dummy AWS credentials only, copies under a mount directory."""
+    for name, value in DUMMY_AWS.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "TRITON_CLOUD_CREDENTIAL_PATH"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    mount = tmp_path / "mount"
+    mount.mkdir()
+    monkeypatch.setenv("TRITON_AWS_MOUNT_DIRECTORY", str(mount))
+    return mount
+
+
+def _add_sub_inputs(client_module: Any, names: tuple[str, str]) -> tuple[list, np.ndarray, np.ndarray]:
+    a = np.arange(32, dtype=np.float32).reshape(2, 16)
+    b = np.ones((2, 16), dtype=np.float32)
+    inputs = [client_module.InferInput(names[0], [2, 16], "FP32"), client_module.InferInput(names[1], [2, 16], "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs, a, b
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def _ready(client: httpclient.InferenceServerClient, name: str, version: str = "") -> bool:
+    try:
+        return bool(client.is_model_ready(name, version))
+    except Exception:  # noqa: BLE001 - any client error means "not ready yet"
+        return False
+
+
+def test_serves_models_and_ensembles_from_s3(endpoint: str, child_env: Path, tmp_path: Path) -> None:
+    local = tmp_path / "repo"
+    add_sub_model(local, "add_sub")
+    ensemble_model(
+        local, "ens",
+        steps=[("add_sub", {"INPUT0": "A", "INPUT1": "B"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"})],
+        inputs=FP, outputs=[("SUM", "FP32", [16]), ("DIFF", "FP32", [16])],
+    )
+    assert not any((local / "ens" / "1").iterdir())  # the ensemble's version directory is empty
+    bucket = Bucket(endpoint)
+    bucket.upload(local, "models")
+    server = start_server(bucket.url())
+    try:
+        with httpclient.InferenceServerClient(server.http_url) as client:
+            inputs, a, b = _add_sub_inputs(httpclient, ("INPUT0", "INPUT1"))
+            result = client.infer("add_sub", inputs)
+            np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+            np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+            index = {(e["name"], e.get("version"), e.get("state")) for e in client.get_model_repository_index()}
+            assert index == {("add_sub", "1", "READY"), ("ens", "1", "READY")}
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            inputs, a, b = _add_sub_inputs(grpcclient, ("A", "B"))
+            result = client.infer("ens", inputs)
+            np.testing.assert_allclose(result.as_numpy("SUM"), a + b)
+            np.testing.assert_allclose(result.as_numpy("DIFF"), a - b)
+        copies = [p for p in child_env.rglob("model.onnx")]
+        assert copies, "the model was downloaded under TRITON_AWS_MOUNT_DIRECTORY"
+    finally:
+        assert server.stop() == 0
+    assert list(child_env.iterdir()) == [], "the local copies are deleted when the server exits"
+
+
+def test_poll_mode_picks_up_new_versions_and_models(endpoint: str, child_env: Path, tmp_path: Path) -> None:
+    local = tmp_path / "repo"
+    add_sub_model(local, "add_sub")
+    bucket = Bucket(endpoint)
+    bucket.upload(local, "models")
+    with (
+        start_server(bucket.url(), "--model-control-mode=poll", "--repository-poll-secs=1") as server,
+        httpclient.InferenceServerClient(server.http_url) as client,
+    ):
+        assert client.is_model_ready("add_sub", "1")
+        # A new version: the default policy (latest 1) serves version 2 and retires version 1.
+        version_2 = tmp_path / "v2" / "model.onnx"
+        add_sub_onnx(version_2)
+        bucket.client.upload_file(str(version_2), bucket.name, "models/add_sub/2/model.onnx")
+        _wait_for(lambda: _ready(client, "add_sub", "2"), 60, "add_sub version 2 to be served")
+        _wait_for(lambda: not _ready(client, "add_sub", "1"), 60, "add_sub version 1 to be retired")
+        inputs, a, b = _add_sub_inputs(httpclient, ("INPUT0", "INPUT1"))
+        result = client.infer("add_sub", inputs, model_version="2")
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
+        # A new model directory in the bucket is loaded without a restart.
+        add_sub_model(tmp_path / "more", "add_sub_new")
+        bucket.upload(tmp_path / "more" / "add_sub_new", "models/add_sub_new")
+        _wait_for(lambda: _ready(client, "add_sub_new"), 60, "the new model add_sub_new to be served")
+        result = client.infer("add_sub_new", inputs)
+        np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
+        # A changed config.pbtxt reloads the model.
+        config = (local / "add_sub" / "config.pbtxt").read_text().replace("max_batch_size: 8", "max_batch_size: 4")
+        bucket.client.put_object(Bucket=bucket.name, Key="models/add_sub/config.pbtxt", Body=config.encode())
+        _wait_for(lambda: client.get_model_config("add_sub").get("max_batch_size") == 4, 60, "the new config to be served")
+        # A model removed from the bucket is unloaded.
+        for key in bucket.keys("models/add_sub_new/"):
+            bucket.client.delete_object(Bucket=bucket.name, Key=key)
+        _wait_for(lambda: not _ready(client, "add_sub_new"), 60, "add_sub_new to be unloaded")
+        assert client.is_model_ready("add_sub", "2")
