@@ -9,6 +9,7 @@ from naiad.backends.base import Backend
 
 _BUILTIN = {
     "onnxruntime": "naiad.backends.onnxruntime_backend:OnnxRuntimeBackend",
+    "python": "naiad.backends.python.backend:PythonBackend",
 }
 
 

@@ -1,0 +1,1 @@
+"""Triton-compatible Python backend: one spawned worker process per instance, tensors in shared memory."""

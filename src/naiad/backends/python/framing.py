@@ -1,0 +1,77 @@
+"""Control-message framing between the server and a worker: 4-byte length + pickled tuple (never array data)."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+import threading
+
+_HEADER = struct.Struct("<I")
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+RECV_BUFFER = 64 * 1024  # reused for every read (a fresh large bytes object per recv costs an mmap)
+
+
+def encode(message: tuple) -> bytes:
+    payload = pickle.dumps(message, _PROTOCOL)
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Incremental decoder: feed bytes as they arrive, get complete messages back."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list:
+        buffer = self._buffer
+        if buffer:
+            buffer += data
+            view = memoryview(buffer)
+        else:
+            view = memoryview(data)
+        messages = []
+        offset = 0
+        end = len(view)
+        while end - offset >= 4:
+            (length,) = _HEADER.unpack_from(view, offset)
+            stop = offset + 4 + length
+            if stop > end:
+                break
+            messages.append(pickle.loads(view[offset + 4 : stop]))
+            offset = stop
+        if buffer:
+            view.release()
+            if offset == end:
+                buffer.clear()
+            else:
+                del buffer[:offset]
+        elif offset != end:
+            buffer += view[offset:]
+        return messages
+
+
+class BlockingChannel:
+    """The worker's end: blocking reads from one thread, sends from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        self._decoder = FrameDecoder()
+        self._pending: list = []
+        self._buffer = bytearray(RECV_BUFFER)
+        self._view = memoryview(self._buffer)
+
+    def send(self, message: tuple) -> None:
+        data = encode(message)
+        with self._send_lock:
+            self.sock.sendall(data)
+
+    def receive(self):
+        """The next message; raises EOFError when the peer closed the connection."""
+        while not self._pending:
+            count = self.sock.recv_into(self._buffer)
+            if not count:
+                raise EOFError("connection closed")
+            self._pending.extend(self._decoder.feed(self._view[:count]))
+        return self._pending.pop(0)

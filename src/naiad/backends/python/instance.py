@@ -1,0 +1,189 @@
+"""PythonInstance: the RequestModelInstance in the server process, keeping one healthy worker behind it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
+from naiad.backends.python.launcher import Launch
+from naiad.backends.python.session import WorkerSession, WorkerStartError
+from naiad.config.model_config import config_to_json, datatype_name
+from naiad.protocol.errors import internal
+
+log = logging.getLogger("naiad.python")
+
+KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU",
+              mc.ModelInstanceGroup.KIND_MODEL: "MODEL", mc.ModelInstanceGroup.KIND_AUTO: "CPU"}
+READY_CHECK_INTERVAL = 1.0
+MAX_RESTART_DELAY = 30.0
+
+
+def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
+    """Exactly the seven keys Triton passes to initialize(args)."""
+    return {
+        "model_config": config_to_json(source.config),
+        "model_instance_kind": KIND_NAMES.get(spec.kind, "CPU"),
+        "model_instance_name": spec.name,
+        "model_instance_device_id": str(spec.device_id),
+        "model_repository": str(source.model_dir),
+        "model_version": str(source.version),
+        "model_name": source.config.name,
+    }
+
+
+class PythonInstance:
+    """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
+
+    def __init__(self, source: ModelSource, spec: InstanceSpec, launch: Launch, log_verbose: int = 0) -> None:
+        self.name = spec.name
+        self._source = source
+        self._launch = launch
+        settings = source.backend_settings
+        self._stub_timeout = float(settings.get("stub-timeout-seconds", "30") or 30)
+        self._shm_prefix = "".join(c for c in settings.get("shm-region-prefix-name", "naiad_py_") if c not in "/\\")
+        self._init = {
+            "model_file": str(source.model_file),
+            "args": initialize_args(source, spec),
+            "decoupled": source.config.model_transaction_policy.decoupled,
+            "model_name": source.config.name,
+            "model_version": source.version,
+            "log_verbose": log_verbose,
+        }
+        self._input_types = {t.name: datatype_name(t.data_type) for t in source.config.input}
+        self._serving: WorkerSession | None = None
+        self._starting: WorkerSession | None = None
+        self._restarter: asyncio.Task | None = None
+        self._closing = False
+        self._ready_value = True
+        self._ready_checked = 0.0
+        self._ready_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------ worker management
+
+    def _new_session(self) -> WorkerSession:
+        return WorkerSession(self.name, self._launch, self._init, self._input_types, self._source.server,
+                             self._shm_prefix, self._on_death)
+
+    async def _start_session(self) -> WorkerSession:
+        session = self._new_session()
+        self._starting = session
+        try:
+            await session.start()
+        except BaseException:
+            session.closing = True
+            session.kill()
+            await session.wait_exit()
+            raise
+        finally:
+            self._starting = None
+        return session
+
+    async def start(self) -> None:
+        """Start the first worker; its initialize error (or death) fails the load with the model's message."""
+        self._loop = asyncio.get_running_loop()
+        try:
+            self._serving = await self._start_session()
+        except WorkerStartError as exc:
+            raise internal(f"Internal: {exc}") from None
+        except OSError as exc:
+            raise internal(f"unable to start a Python worker with '{self._launch.python}': {exc}") from None
+
+    def _on_death(self, session: WorkerSession) -> None:
+        if session is not self._serving or self._closing:
+            return
+        log.error("the worker process of model instance '%s' (pid %d) died; starting a new one", self.name, session.pid)
+        self._serving = None
+        self._restarter = asyncio.get_running_loop().create_task(self._restart(session))
+
+    async def _restart(self, dead: WorkerSession) -> None:
+        await dead.wait_exit()
+        delay = 0.5
+        while not self._closing:
+            try:
+                session = await self._start_session()
+            except (WorkerStartError, OSError) as exc:
+                log.error("restarting model instance '%s' failed: %s (retrying in %.1fs)", self.name, exc, delay)
+            else:
+                if self._closing:
+                    await session.finalize(self._stub_timeout)
+                    return
+                self._serving = session
+                log.info("model instance '%s' is ready again (worker pid %d)", self.name, session.pid)
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_RESTART_DELAY)
+
+    @property
+    def pid(self) -> int:
+        """Process id of the current worker (0 while none is serving)."""
+        return self._serving.pid if self._serving is not None else 0
+
+    # ------------------------------------------------------------ RequestModelInstance
+
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None:
+        session = self._serving
+        if session is None or not session.alive:
+            error = internal(f"Stub process '{self.name}' is not healthy.")
+            for index in range(len(requests)):
+                respond(index, BackendResponse(None, error=error, final=True))
+            return
+        try:
+            done = session.submit(requests, respond)
+        except Exception as exc:  # packing or sending failed: nothing reached the worker
+            error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+            for index in range(len(requests)):
+                respond(index, BackendResponse(None, error=error, final=True))
+            return
+        if session.info.get("async_execute"):
+            return  # async execute: the instance takes the next batch while this one runs
+        await done
+
+    def healthy(self) -> bool:
+        session = self._serving
+        if session is None or not session.alive or self._closing:
+            return False
+        if not session.info.get("has_is_ready"):
+            return True
+        self._refresh_ready(session)
+        return self._ready_value
+
+    def _refresh_ready(self, session: WorkerSession) -> None:
+        """model.is_ready() runs in the worker; health reports its latest answer (refreshed at most every second)."""
+        if self._ready_task is not None or time.monotonic() - self._ready_checked < READY_CHECK_INTERVAL:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:
+            self._start_ready_check(session)
+        elif self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._start_ready_check, session)
+
+    def _start_ready_check(self, session: WorkerSession) -> None:
+        if self._ready_task is not None:
+            return
+
+        async def check() -> None:
+            try:
+                self._ready_value = await session.check_ready()
+                self._ready_checked = time.monotonic()
+            finally:
+                self._ready_task = None
+
+        self._ready_task = asyncio.get_running_loop().create_task(check())
+
+    async def aclose(self) -> None:
+        """Run finalize in the worker and end it (killed after stub-timeout-seconds)."""
+        self._closing = True
+        if self._restarter is not None and not self._restarter.done():
+            self._restarter.cancel()
+        for session in (self._serving, self._starting):
+            if session is not None:
+                await session.finalize(self._stub_timeout)
+        self._serving = None

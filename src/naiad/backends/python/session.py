@@ -1,0 +1,410 @@
+"""One running worker process as the server sees it: its channel, its batches, BLS calls and shared memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+from naiad.backends.base import BackendRequest, BackendResponse, ResponseCallback, ServerServices
+from naiad.backends.python import bls
+from naiad.backends.python.framing import FrameDecoder, encode
+from naiad.backends.python.launcher import Launch, spawn
+from naiad.backends.python.outputs import OutputReader
+from naiad.backends.python.shm import BlockPool, PeerBlocks, remove_prefixed
+from naiad.backends.python.tensors import datatype_of, pack
+from naiad.protocol.errors import ErrorCode, NaiadError, internal
+
+log = logging.getLogger("naiad.python")
+
+RELEASE_DELAY = 0.002  # seconds a worker block may wait for a batch message to carry its release
+RELEASE_BATCH = 16
+_LOG_LEVELS = {0: logging.INFO, 1: logging.WARNING, 2: logging.ERROR, 3: logging.DEBUG}
+
+
+class WorkerStartError(Exception):
+    """The worker could not start or its initialize failed; the message is the load error."""
+
+
+def error_of(error: tuple | None) -> NaiadError | None:
+    if error is None:
+        return None
+    message, code = error
+    return NaiadError(ErrorCode[code] if code in ErrorCode.__members__ else ErrorCode.INTERNAL, message)
+
+
+def _parameters(text: str | None) -> dict:
+    if not text or text == "{}":
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Batch:
+    __slots__ = ("requests", "respond", "open", "done", "block", "future")
+
+    def __init__(self, requests: list[BackendRequest], respond: ResponseCallback, block: str | None,
+                 future: asyncio.Future) -> None:
+        self.requests = requests
+        self.respond = respond
+        self.open = set(range(len(requests)))
+        self.done = False
+        self.block = block
+        self.future = future
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, session: "WorkerSession") -> None:
+        self._session = session
+        self._decoder = FrameDecoder()
+
+    def data_received(self, data: bytes) -> None:
+        session = self._session
+        for message in self._decoder.feed(data):
+            try:
+                session.dispatch(message)
+            except Exception:  # a bad message must not break the channel
+                log.exception("error handling a message from worker %s", session.name)
+        session.schedule_releases()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.on_lost()
+
+
+class WorkerSession:
+    """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
+
+    def __init__(self, name: str, launch: Launch, init: dict, input_types: dict[str, str],
+                 services: ServerServices | None, shm_prefix: str, on_death: Callable[["WorkerSession"], None]) -> None:
+        self.name = name
+        self._launch = launch
+        self._init = dict(init)
+        self._input_types = input_types
+        self.services = services
+        self._on_death = on_death
+        token = secrets.token_hex(4)
+        self._server_prefix = f"{shm_prefix}{token}s"
+        self._worker_prefix = f"{shm_prefix}{token}w"
+        self.pool = BlockPool(self._server_prefix)
+        self.peers = PeerBlocks()
+        self.outputs: OutputReader | None = None
+        self._batches: dict[int, _Batch] = {}
+        self._next_batch = 0
+        self._releases: list[str] = []
+        self._release_timer: asyncio.TimerHandle | None = None
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._health_calls: dict[int, asyncio.Future] = {}
+        self._next_health = 0
+        self._process: subprocess.Popen | None = None
+        self._transport: asyncio.Transport | None = None
+        self._started: asyncio.Future | None = None
+        self._exited = asyncio.Event()
+        self.alive = False
+        self.closing = False
+        self.info: dict = {}
+        self.pid = 0
+
+    # ------------------------------------------------------------ start / stop
+
+    async def start(self) -> dict:
+        loop = asyncio.get_running_loop()
+        self._started = loop.create_future()
+        self.outputs = OutputReader(self.peers, self.release_peer, loop)
+        process, sock = spawn(self._launch)
+        self._process = process
+        self.pid = process.pid
+        self.alive = True
+        self._watch_exit(loop)
+        transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
+        self._transport = transport
+        self._init["prefix"] = self._worker_prefix
+        self.send(("init", self._init))
+        self.info = await self._started
+        return self.info
+
+    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Notice the process ending even if something else holds the socket open (pidfd, else a thread)."""
+        process = self._process
+        pidfd_open = getattr(os, "pidfd_open", None)
+        if pidfd_open is not None:
+            try:
+                fd = pidfd_open(process.pid)
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                def readable() -> None:
+                    loop.remove_reader(fd)
+                    os.close(fd)
+                    process.poll()
+                    self.on_lost()
+                loop.add_reader(fd, readable)
+                return
+
+        def wait() -> None:  # no pidfd (non-Linux): one small thread per worker waits for its exit
+            process.wait()
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.on_lost)
+        threading.Thread(target=wait, name=f"naiad-wait-{process.pid}", daemon=True).start()
+
+    async def finalize(self, timeout: float) -> None:
+        """Ask the worker to run finalize and exit; kill it after `timeout` seconds."""
+        self.closing = True
+        if self.alive:
+            with contextlib.suppress(Exception):
+                self.send(("f",))
+            try:
+                await asyncio.wait_for(self._exited.wait(), timeout)
+            except asyncio.TimeoutError:
+                log.warning("worker %s did not finish finalize within %ss: killing it", self.name, timeout)
+                self.kill()
+        await self.wait_exit()
+
+    def kill(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(OSError):
+                self._process.kill()
+
+    async def wait_exit(self) -> None:
+        if self._process is None:  # never spawned
+            return
+        if self._process.poll() is None:
+            await asyncio.get_running_loop().run_in_executor(None, self._process.wait)
+        await self._exited.wait()
+
+    def on_lost(self) -> None:
+        """The channel closed or the process ended: fail everything in flight, free the shared memory."""
+        if not self.alive:
+            return
+        self.alive = False
+        if not self.closing:
+            self.kill()
+        if self._transport is not None:
+            self._transport.close()
+        message = f"Stub process '{self.name}' is not healthy."
+        if self._started is not None and not self._started.done():
+            code = self._process.poll() if self._process is not None else None
+            detail = f" (exit code {code})" if code is not None else ""
+            self._started.set_exception(WorkerStartError(
+                f"the worker process of '{self.name}' exited during start-up{detail}; see the server log for its output"))
+        for batch in list(self._batches.values()):
+            for index in sorted(batch.open):
+                batch.respond(index, BackendResponse(None, error=internal(message), final=True))
+            batch.open.clear()
+            if not batch.future.done():
+                batch.future.set_result(None)
+        self._batches.clear()
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
+        for task in self._tasks.values():
+            task.cancel()
+        for future in self._health_calls.values():
+            if not future.done():
+                future.set_result(False)
+        if self.outputs is not None:
+            self.outputs.closed = True
+        self.pool.close()
+        self.peers.close()
+        remove_prefixed(self._worker_prefix)
+        remove_prefixed(self._server_prefix)
+        self._exited.set()
+        if not self.closing:
+            self._on_death(self)
+
+    # ------------------------------------------------------------ sending
+
+    def send(self, message: tuple) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise internal(f"Stub process '{self.name}' is not healthy.")
+        self._transport.write(encode(message))
+
+    def release_peer(self, name: str) -> None:
+        """Hand a worker block back (its data was copied out); batched, see schedule_releases."""
+        self._releases.append(name)
+        self.schedule_releases()
+
+    def schedule_releases(self) -> None:
+        """Releases ride on the next batch message; a timer sends them if none comes soon (or many piled up)."""
+        dropped = self.pool.take_dropped()
+        if dropped and self.alive:
+            self.send(("D", dropped))
+        if not self._releases:
+            return
+        if len(self._releases) >= RELEASE_BATCH:
+            self.flush_releases()
+        elif self._release_timer is None:
+            self._release_timer = asyncio.get_running_loop().call_later(RELEASE_DELAY, self.flush_releases)
+
+    def take_releases(self) -> list[str]:
+        releases, self._releases = self._releases, []
+        if self._release_timer is not None:
+            self._release_timer.cancel()
+            self._release_timer = None
+        return releases
+
+    def flush_releases(self) -> None:
+        releases = self.take_releases()
+        if releases and self.alive and self._transport is not None and not self._transport.is_closing():
+            self.send(("R", releases))
+
+    # ------------------------------------------------------------ batches
+
+    def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future:
+        """Send one batch; the future resolves when the model's execute returned."""
+        future = asyncio.get_running_loop().create_future()
+        groups = []
+        input_types = self._input_types
+        for request in requests:
+            groups.append([
+                (name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()
+            ])
+        block, metas = pack(self.pool, groups)
+        described = [
+            (r.request_id, r.correlation_id, r.flags, json.dumps(r.parameters, default=str) if r.parameters else "{}",
+             r.timeout_us, tuple(r.requested_outputs), metas[i])
+            for i, r in enumerate(requests)
+        ]
+        self._next_batch += 1
+        batch_id = self._next_batch
+        self._batches[batch_id] = _Batch(requests, respond, block, future)
+        try:
+            self.send(("x", batch_id, block, described, self.take_releases()))
+        except NaiadError:
+            self._batches.pop(batch_id, None)
+            if block:
+                self.pool.release(block)
+            raise
+        return future
+
+    def _close_if_complete(self, batch_id: int, batch: _Batch) -> None:
+        if batch.done and not batch.open:
+            self._batches.pop(batch_id, None)
+            if batch.block:
+                self.pool.release(batch.block)
+
+    def _on_done(self, message: tuple) -> None:
+        _, batch_id, block, responses, error = message
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            self.outputs.done_with(block)
+            return
+        if error is not None:
+            failure = error_of(error)
+            for index in sorted(batch.open):
+                batch.respond(index, BackendResponse(None, error=failure, final=True))
+            batch.open.clear()
+        elif responses is not None:
+            for index, (metas, parameters, err) in enumerate(responses):
+                if index not in batch.open:
+                    continue
+                batch.open.discard(index)
+                if err is not None:
+                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True))
+                else:
+                    outputs = self.outputs.read(block, metas)
+                    batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True))
+        self.outputs.done_with(block)
+        batch.done = True
+        if not batch.future.done():
+            batch.future.set_result(None)
+        self._close_if_complete(batch_id, batch)
+
+    def _on_response(self, message: tuple) -> None:
+        _, batch_id, index, block, metas, parameters, err, final = message
+        batch = self._batches.get(batch_id)
+        if batch is None or index not in batch.open:
+            self.outputs.done_with(block)
+            return
+        if err is not None:
+            response = BackendResponse(None, _parameters(parameters), error_of(err), final)
+        elif metas is None:
+            response = BackendResponse(None, final=True) if final else None
+        else:
+            response = BackendResponse(self.outputs.read(block, metas), _parameters(parameters), None, final)
+        self.outputs.done_with(block)
+        if final:
+            batch.open.discard(index)
+        if response is not None:
+            batch.respond(index, response)
+        self._close_if_complete(batch_id, batch)
+
+    # ------------------------------------------------------------ health (model.is_ready)
+
+    async def check_ready(self, timeout: float = 5.0) -> bool:
+        if not self.alive:
+            return False
+        self._next_health += 1
+        call_id = self._next_health
+        future = asyncio.get_running_loop().create_future()
+        self._health_calls[call_id] = future
+        try:
+            self.send(("h", call_id))
+            return bool(await asyncio.wait_for(future, timeout))
+        except (asyncio.TimeoutError, NaiadError):
+            return False
+        finally:
+            self._health_calls.pop(call_id, None)
+
+    # ------------------------------------------------------------ dispatch
+
+    def dispatch(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "d":
+            self._on_done(message)
+        elif kind == "r":
+            self._on_response(message)
+        elif kind == "R":
+            for name in message[1]:
+                self.pool.release(name)
+        elif kind == "D":
+            self.peers.drop(message[1])
+        elif kind == "b":
+            self._start_task(message[1], bls.run_bls(self, message))
+        elif kind == "B":
+            task = self._tasks.get(message[1])
+            if task is not None:
+                task.cancel()
+        elif kind == "q":
+            self._on_query(message)
+        elif kind == "l":
+            log.log(_LOG_LEVELS.get(message[1], logging.INFO), "%s: %s", self.name, message[2])
+        elif kind == "m":
+            bls.forward_metric(self, message[1], message[2])
+        elif kind == "H":
+            future = self._health_calls.get(message[1])
+            if future is not None and not future.done():
+                future.set_result(message[2])
+        elif kind == "ready":
+            if self._started is not None and not self._started.done():
+                self._started.set_result(message[1])
+        elif kind == "init_error":
+            if self._started is not None and not self._started.done():
+                self._started.set_exception(WorkerStartError(message[1]))
+        elif kind == "F":
+            self.closing = True
+
+    def _start_task(self, call_id: int, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks[call_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
+
+    def _on_query(self, message: tuple) -> None:
+        _, call_id, op, args = message
+        if op == "cancelled":
+            batch_id, index = args
+            batch = self._batches.get(batch_id)
+            cancelled = bool(batch is not None and index < len(batch.requests) and batch.requests[index].is_cancelled())
+            self.send(("q", call_id, True, cancelled))
+            return
+        self._start_task(-call_id, bls.run_control(self, call_id, op, args))

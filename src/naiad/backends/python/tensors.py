@@ -1,0 +1,145 @@
+"""Tensor transport: arrays packed into one shared-memory block, described by small metadata tuples."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+
+from naiad.backends.python.shm import BlockPool
+
+ALIGN = 64
+_LEN = struct.Struct("<I")
+
+NUMPY_OF: dict = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(np.object_),
+    "BF16": np.dtype(np.uint16),  # raw bfloat16 words
+}
+_DATATYPE_OF = {dt: name for name, dt in NUMPY_OF.items() if name not in ("BF16", "BYTES")}
+
+
+def datatype_of(array: np.ndarray) -> str:
+    """Protocol datatype of a numpy array (object, bytes and str arrays are BYTES)."""
+    kind = array.dtype.kind
+    if kind in ("O", "S", "U"):
+        return "BYTES"
+    try:
+        return _DATATYPE_OF[array.dtype.newbyteorder("=")]
+    except KeyError:
+        raise ValueError(f"unsupported numpy dtype {array.dtype} for a tensor") from None
+
+
+def _element_bytes(item) -> bytes:
+    if isinstance(item, bytes):
+        return item
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode("utf-8")
+
+
+def encode_bytes(array: np.ndarray) -> bytes:
+    """Triton's BYTES serialization: 4-byte LE length + content, row-major."""
+    parts = []
+    for item in array.reshape(-1):
+        data = _element_bytes(item)
+        parts.append(_LEN.pack(len(data)))
+        parts.append(data)
+    return b"".join(parts)
+
+
+def decode_bytes(buffer, count: int) -> np.ndarray:
+    """Object array (1-D, `count` elements) of bytes from a serialized BYTES buffer."""
+    data = bytes(buffer)
+    result = np.empty(count, dtype=np.object_)
+    offset = 0
+    size = len(data)
+    for index in range(count):
+        if offset + 4 > size:
+            raise ValueError("BYTES tensor data is truncated")
+        (length,) = _LEN.unpack_from(data, offset)
+        offset += 4
+        if offset + length > size:
+            raise ValueError("BYTES tensor data is truncated")
+        result[index] = data[offset : offset + length]
+        offset += length
+    return result
+
+
+SMALL_COPY = 64 * 1024  # below this, bytes() + one memcpy beats building a memoryview
+
+
+def _prepare(datatype: str, array: np.ndarray):
+    """(payload, nbytes): a C-contiguous array of the wire dtype, or encoded bytes for BYTES."""
+    if datatype == "BYTES":
+        data = encode_bytes(array if array.dtype.kind == "O" else np.asarray(array, dtype=np.object_))
+        return data, len(data)
+    wanted = NUMPY_OF[datatype]
+    if not array.flags.c_contiguous or (array.dtype != wanted and datatype != "BF16"):
+        array = np.ascontiguousarray(array, dtype=None if datatype == "BF16" else wanted)
+    return array, array.nbytes
+
+
+def pack(pool: BlockPool, groups: list) -> tuple:
+    """Write groups of (name, datatype, array) into one block: (block_name or None, [metadata lists]).
+
+    Metadata of one tensor: (name, datatype, shape, offset, nbytes), offsets 64-byte aligned; BYTES
+    tensors travel with Triton's 4-byte little-endian length prefix per element.
+    """
+    prepared = []
+    total = 0
+    for group in groups:
+        items = []
+        for name, datatype, array in group:
+            payload, nbytes = _prepare(datatype, array)
+            items.append((name, datatype, array.shape, total, nbytes, payload))
+            total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        prepared.append(items)
+    if total == 0:
+        return None, [[item[:5] for item in items] for items in prepared]
+    block = pool.acquire(total)
+    mapping = block.mapping
+    metas = []
+    for items in prepared:
+        meta = []
+        for name, datatype, shape, offset, nbytes, payload in items:
+            if nbytes:
+                if isinstance(payload, bytes):
+                    mapping[offset : offset + nbytes] = payload
+                elif nbytes <= SMALL_COPY:
+                    mapping[offset : offset + nbytes] = payload.tobytes()
+                else:
+                    mapping[offset : offset + nbytes] = memoryview(payload.reshape(-1)).cast("B")
+            meta.append((name, datatype, shape, offset, nbytes))
+        metas.append(meta)
+    return block.name, metas
+
+
+def unpack_one(mapping, meta: tuple, copy: bool) -> np.ndarray:
+    """The array described by one metadata tuple in a mapped block; `copy` detaches it from the block."""
+    _, datatype, shape, offset, nbytes = meta
+    if datatype == "BYTES":
+        count = 1
+        for dim in shape:
+            count *= dim
+        if count == 0 or mapping is None:
+            return np.empty(shape, dtype=np.object_)
+        return decode_bytes(mapping[offset : offset + nbytes], count).reshape(shape)
+    dtype = NUMPY_OF[datatype]
+    if mapping is None or nbytes == 0:
+        return np.zeros(shape, dtype=dtype)
+    array = np.ndarray(shape, dtype, mapping, offset)
+    return array.copy() if copy else array

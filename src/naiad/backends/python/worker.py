@@ -1,0 +1,301 @@
+"""The worker process main: imports model.py, runs initialize / execute / finalize, answers the server."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import json
+import os
+import socket
+import sys
+import threading
+import types
+from typing import Any
+
+import triton_python_backend_utils as pb_utils
+from triton_python_backend_utils import _runtime
+
+from naiad.backends.python.framing import BlockingChannel
+from naiad.backends.python.runtime import WorkerRuntime, error_tuple
+from naiad.backends.python.tensors import pack, unpack_one
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ReturnValueError(Exception):
+    """execute() returned something other than one InferenceResponse per request (reported verbatim)."""
+
+
+def format_exception(exc: BaseException) -> str:
+    """`Type: message` plus the model's frames, innermost first (the layout Triton's stub uses)."""
+    if isinstance(exc, ReturnValueError):
+        return str(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    tb = exc.__traceback__
+    if tb is None:
+        return text
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    lines = []
+    frame = tb.tb_frame
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if os.path.dirname(os.path.abspath(filename)) == _PACKAGE_DIR:
+            break
+        lineno = tb.tb_lineno if frame is tb.tb_frame else frame.f_lineno
+        lines.append(f"  {filename}({lineno}): {frame.f_code.co_name}\n")
+        frame = frame.f_back
+    if not lines:
+        return text
+    return text + "\n\nAt:\n" + "".join(lines)
+
+
+def import_model(model_file: str) -> Any:
+    """Import model.py as `<version>.<stem>` (relative imports work) with its directories on sys.path."""
+    version_dir = os.path.dirname(os.path.abspath(model_file))
+    model_dir = os.path.dirname(version_dir)
+    for path in (version_dir, model_dir):
+        if path not in sys.path:
+            sys.path.append(path)
+    package = os.path.basename(version_dir)
+    if package not in sys.modules:
+        module = types.ModuleType(package)
+        module.__path__ = [version_dir]
+        sys.modules[package] = module
+    stem = os.path.splitext(os.path.basename(model_file))[0]
+    name = f"{package}.{stem}"
+    spec = importlib.util.spec_from_file_location(name, model_file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import '{model_file}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    if not hasattr(module, "TritonPythonModel"):
+        raise AttributeError(f"'{model_file}' does not define class TritonPythonModel")
+    return module.TritonPythonModel
+
+
+class Worker:
+    """Runs one model instance: batches from the server, responses back, BLS through the runtime."""
+
+    def __init__(self, channel: BlockingChannel, init: dict) -> None:
+        self.channel = channel
+        self.init = init
+        self.runtime = WorkerRuntime(channel, init["prefix"], init["decoupled"], init["model_name"],
+                                     init["model_version"], init.get("log_verbose", 0))
+        self.runtime.on_health = self._on_health
+        self.model: Any = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.async_execute = False
+        self.instance_name = init["args"]["model_instance_name"]
+
+    # ------------------------------------------------------------ start-up
+
+    def start(self) -> bool:
+        _runtime.install(self.runtime)
+        _runtime.set_phase("initialize")
+        try:
+            model_class = import_model(self.init["model_file"])
+            self.model = model_class()
+            if not callable(getattr(self.model, "execute", None)):
+                raise AttributeError("TritonPythonModel must define execute(self, requests)")
+            self.async_execute = inspect.iscoroutinefunction(self.model.execute)
+            if self.async_execute or inspect.iscoroutinefunction(getattr(self.model, "initialize", None)):
+                self.loop = asyncio.new_event_loop()
+                asyncio.set_event_loop(self.loop)
+            initialize = getattr(self.model, "initialize", None)
+            if initialize is not None:
+                result = initialize(dict(self.init["args"]))
+                if inspect.isawaitable(result):
+                    self.loop.run_until_complete(result)
+        except BaseException as exc:  # any failure of the model's import or initialize fails the load
+            self.channel.send(("init_error", format_exception(exc)))
+            return False
+        _runtime.set_phase("execute")
+        self.channel.send(("ready", {"async_execute": self.async_execute,
+                                     "has_is_ready": callable(getattr(self.model, "is_ready", None))}))
+        return True
+
+    # ------------------------------------------------------------ messages handled off the main thread
+
+    def _on_health(self, message: tuple) -> None:
+        threading.Thread(target=self._check_ready, args=(message[1],), daemon=True).start()
+
+    def _on_async_batch(self, message: tuple) -> None:
+        self.loop.call_soon_threadsafe(self._start_async_batch, message)
+
+    def _check_ready(self, call_id: int) -> None:
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                if self.loop is not None and self.loop.is_running():
+                    result = asyncio.run_coroutine_threadsafe(result, self.loop).result(5)
+                else:
+                    result = asyncio.run(result)
+            ready = bool(result)
+        except BaseException:  # a failing is_ready means not ready
+            ready = False
+        self.channel.send(("H", call_id, ready))
+
+    # ------------------------------------------------------------ batches
+
+    def _requests(self, message: tuple) -> list:
+        _, batch_id, block, described, _ = message
+        view = self.runtime.peers.view(block) if block else None
+        requests = []
+        for index, (request_id, correlation_id, flags, parameters, timeout, requested, metas) in enumerate(described):
+            inputs = [pb_utils.Tensor._wrap(m[0], unpack_one(view, m, copy=False), m[1]) for m in metas]
+            requests.append(pb_utils.InferenceRequest._received(
+                self.runtime, (batch_id, index), inputs, requested, request_id, correlation_id, flags, parameters,
+                timeout, self.runtime.model_name, self.runtime.model_version))
+        return requests
+
+    def _failure(self, exc: BaseException) -> tuple:
+        text = f"Failed to process the request(s) for model '{self.instance_name}', message: {format_exception(exc)}"
+        return (text, "INTERNAL")
+
+    def _finish(self, batch_id: int, requests: list, result: Any) -> None:
+        """Send the batch's "done" message: responses of a default-mode model, or just completion."""
+        if self.runtime.decoupled or result is None:
+            error = None
+            if result is not None:
+                error = (f"Python model '{self.instance_name}' is using the decoupled mode and the execute function "
+                         "must return None.", "INTERNAL")
+            self.channel.send(("d", batch_id, None, None, error))
+            return
+        if not isinstance(result, list):
+            raise ReturnValueError(f"Expected a list in the execute return, found type '{type(result)}'.")
+        if len(result) != len(requests):
+            raise ReturnValueError(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
+        groups, extras = [], []
+        for request, response in zip(requests, result):
+            if response is None:
+                groups.append([])
+                rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+                extras.append((None, None, ("request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
+                                            "supported by this server" if rescheduled else
+                                            "execute() returned None for a request", "UNSUPPORTED" if rescheduled else "INTERNAL")))
+                continue
+            if not isinstance(response, pb_utils.InferenceResponse):
+                raise ReturnValueError("Expected an 'InferenceResponse' object in the execute function return list, "
+                                       f"found type '{type(response)}'.")
+            requested = request._requested
+            if response.has_error():
+                groups.append([])
+                extras.append((None, response.parameters(), error_tuple(response.error())))
+            else:
+                groups.append([(t.name(), t.datatype(), t._array) for t in response.output_tensors() if t.name() in requested])
+                extras.append((True, response.parameters(), None))
+        block, metas = pack(self.runtime.pool, groups)
+        responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
+        self.channel.send(("d", batch_id, block, responses, None))
+
+    def _run_batch(self, message: tuple) -> None:
+        batch_id = message[1]
+        try:
+            requests = self._requests(message)
+            result = self.model.execute(requests)
+            self._finish(batch_id, requests, result)
+        except BaseException as exc:  # the whole batch fails with the exception's text
+            self.channel.send(("d", batch_id, None, None, self._failure(exc)))
+
+    def _start_async_batch(self, message: tuple) -> None:
+        self.loop.create_task(self._run_async_batch(message))
+
+    async def _run_async_batch(self, message: tuple) -> None:
+        batch_id = message[1]
+        try:
+            requests = self._requests(message)
+            result = await self.model.execute(requests)
+            self._finish(batch_id, requests, result)
+        except BaseException as exc:  # the whole batch fails with the exception's text
+            self.channel.send(("d", batch_id, None, None, self._failure(exc)))
+
+    # ------------------------------------------------------------ main loop and finalize
+
+    def serve(self) -> None:
+        if self.async_execute:
+            # Batches run as tasks on this thread's loop; another thread reads and waits for "f".
+            self.runtime.on_async_batch = self._on_async_batch
+            threading.Thread(target=self._command_loop, name="naiad-worker-commands", daemon=True).start()
+            self.loop.run_forever()
+            return
+        self.runtime.inbox.start_helper()
+        self._command_loop()
+
+    def _command_loop(self) -> None:
+        while True:
+            message = self.runtime.inbox.next_command()
+            kind = message[0]
+            if kind == "x":
+                self._run_batch(message)
+            elif kind == "f":
+                self._finalize()
+                return
+
+    def _finalize(self) -> None:
+        _runtime.set_phase("finalize")
+        finalize = getattr(self.model, "finalize", None)
+        try:
+            if finalize is not None:
+                result = finalize()
+                if inspect.isawaitable(result):
+                    if self.loop is not None and self.loop.is_running():
+                        asyncio.run_coroutine_threadsafe(result, self.loop).result()
+                    else:
+                        asyncio.new_event_loop().run_until_complete(result)
+        except BaseException as exc:  # finalize errors are logged, the worker still ends
+            self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
+        self.channel.send(("F",))
+        _exit(self.runtime, 0)
+
+
+def _exit(runtime: WorkerRuntime, code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    runtime.shutdown_resources()
+    os._exit(code)
+
+
+def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
+    _, config_json, model_file = message
+    _runtime.set_phase("auto_complete")
+    try:
+        model_class = import_model(model_file)
+        method = getattr(model_class, "auto_complete_config", None)
+        if method is None:
+            channel.send(("auto_ok", None))
+            return
+        result = method(pb_utils.ModelConfig(config_json))
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise pb_utils.TritonModelException("auto_complete_config must return the ModelConfig object it was given")
+        channel.send(("auto_ok", json.dumps(result.as_dict())))
+    except BaseException as exc:  # reported as the load error
+        channel.send(("auto_error", format_exception(exc)))
+
+
+def main(argv: list) -> None:
+    """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True)
+        except (AttributeError, ValueError):
+            pass
+    sock = socket.socket(fileno=int(argv[0]))
+    channel = BlockingChannel(sock)
+    message = channel.receive()
+    if message[0] == "auto":
+        _auto_complete(channel, message)
+        sys.stdout.flush()
+        os._exit(0)
+    worker = Worker(channel, message[1])
+    if not worker.start():
+        _exit(worker.runtime, 1)
+    worker.serve()
+    _exit(worker.runtime, 0)

@@ -1,0 +1,179 @@
+"""Worker processes: one per instance, parallel, crash -> error + automatic restart, unload/finalize, timeouts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad import ErrorCode, NaiadError, Server
+from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
+from naiad.backends.python.backend import PythonBackend
+from naiad.config.model_config import load_config_file
+from tests.integration.test_python_backend_support import PID_CONFIG, PID_PY, pid_alive, wait_for, write_model
+
+RENDEZVOUS_PY = """
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = os.path.join(args["model_repository"], "rendezvous")
+        os.makedirs(self.dir, exist_ok=True)
+
+    def execute(self, requests):
+        open(os.path.join(self.dir, str(os.getpid())), "w").close()
+        deadline = time.monotonic() + 30
+        met = False
+        while time.monotonic() < deadline and not met:
+            met = any(name != str(os.getpid()) for name in os.listdir(self.dir))
+            time.sleep(0.005)
+        value = np.array([os.getpid() if met else -os.getpid()], dtype=np.int64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", value)]) for _ in requests]
+"""
+
+
+def _sleep_request(seconds: float) -> dict[str, np.ndarray]:
+    return {"SLEEP": np.array([seconds], np.float32)}
+
+
+def _shm_names(prefix: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"nt{uuid.uuid4().hex[:8]}_"
+
+
+def test_two_instances_are_two_processes_running_in_parallel(tmp_path, prefix):
+    write_model(tmp_path, "rendezvous", PID_CONFIG % 2, RENDEZVOUS_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        instances = server.models.lookup("rendezvous").pool.instances
+        pids = {inst.pid for inst in instances}
+        assert len(pids) == 2 and os.getpid() not in pids
+
+        async def both():
+            from naiad.protocol.types import InferenceRequest, InferInput
+
+            def request():
+                return InferenceRequest("rendezvous", [InferInput("SLEEP", "FP32", (1,), np.zeros(1, np.float32))])
+            return await asyncio.gather(server.infer_async(request()), server.infer_async(request()))
+
+        responses = asyncio.run_coroutine_threadsafe(both(), server._loop).result(60)
+        seen = {int(r.output("PID").data[0]) for r in responses}
+        assert seen == pids  # both positive: each execute saw the other one running at the same time
+    assert _shm_names(prefix) == []
+    assert not any(pid_alive(p) for p in pids)
+
+
+def test_killed_worker_fails_its_request_and_is_replaced(tmp_path, prefix):
+    model_dir = write_model(tmp_path, "victim", PID_CONFIG % 1, PID_PY)
+    markers = model_dir / "markers"
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        first = int(server.infer("victim", _sleep_request(0))["PID"][0])
+        for marker in markers.glob("executing-*"):
+            marker.unlink()
+        pending = asyncio.run_coroutine_threadsafe(_infer_async(server, "victim", _sleep_request(60)), server._loop)
+        wait_for(lambda: (markers / f"executing-{first}").exists())
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(NaiadError) as info:
+            pending.result(30)
+        assert info.value.code == ErrorCode.INTERNAL
+        assert info.value.message == "Stub process 'victim_0_0' is not healthy."
+        wait_for(lambda: server.model_ready("victim") and server.is_ready())
+        second = int(server.infer("victim", _sleep_request(0))["PID"][0])
+        assert second != first and pid_alive(second) and not pid_alive(first)
+        assert server.repository_index()[0]["state"] == "READY"
+    assert _shm_names(prefix) == []
+
+
+async def _infer_async(server: Server, model: str, inputs: dict[str, np.ndarray]):
+    from naiad.protocol.datatypes import datatype_of_array
+    from naiad.protocol.types import InferenceRequest, InferInput
+
+    return await server.infer_async(
+        InferenceRequest(model, [InferInput(n, datatype_of_array(a), a.shape, a) for n, a in inputs.items()]))
+
+
+def test_unload_runs_finalize_and_ends_processes(tmp_path, prefix):
+    model_dir = write_model(tmp_path, "pids", PID_CONFIG % 2, PID_PY)
+    server = Server(model_repository=str(tmp_path), model_control_mode="explicit", load_models=["pids"],
+                    backend_config={"python": {"shm-region-prefix-name": prefix}})
+    with server:
+        pids = [inst.pid for inst in server.models.lookup("pids").pool.instances]
+        assert all(pid_alive(p) for p in pids)
+        server.infer("pids", _sleep_request(0))
+        assert _shm_names(prefix) == []  # segments are unlinked as soon as both sides mapped them
+        asyncio.run_coroutine_threadsafe(server.unload_model("pids"), server._loop).result(60)
+        assert not any(pid_alive(p) for p in pids)
+        assert sorted(p.name for p in (model_dir / "markers").glob("finalized-*")) == sorted(f"finalized-{p}" for p in pids)
+        assert server.repository_index() == [{"name": "pids", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    assert _shm_names(prefix) == []
+
+
+def _source(model_dir: Path, settings: dict[str, str]) -> tuple[ModelSource, InstanceSpec]:
+    config = load_config_file(model_dir / "config.pbtxt")
+    config.name = model_dir.name
+    source = ModelSource(config, 1, model_dir, model_dir / "1", model_dir / "1" / "model.py", settings)
+    group = mc.ModelInstanceGroup(name=model_dir.name, kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    return source, InstanceSpec(f"{model_dir.name}_0", group, group.kind, 0)
+
+
+def test_hung_execute_is_killed_at_close(tmp_path, prefix):
+    model_dir = write_model(tmp_path, "hang", PID_CONFIG % 1, PID_PY)
+    source, spec = _source(model_dir, {"stub-timeout-seconds": "1", "shm-region-prefix-name": prefix})
+
+    async def scenario():
+        instance = await PythonBackend().create_instance_async(source, spec)
+        pid = instance.pid
+        responses = []
+        task = asyncio.create_task(instance.execute_requests(
+            [BackendRequest(_sleep_request(600), ["PID"])], lambda i, r: responses.append(r)))
+        while not (model_dir / "markers" / f"executing-{pid}").exists():
+            await asyncio.sleep(0.01)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await instance.aclose()
+        await task
+        return pid, responses, loop.time() - started
+
+    pid, responses, elapsed = asyncio.run(scenario())
+    assert not pid_alive(pid)
+    assert elapsed < 20
+    assert len(responses) == 1 and responses[0].error is not None and responses[0].final
+    assert _shm_names(prefix) == []
+
+
+def test_unhealthy_while_restarting_then_healthy(tmp_path, prefix):
+    model_dir = write_model(tmp_path, "restart", PID_CONFIG % 1, PID_PY)
+    source, spec = _source(model_dir, {"shm-region-prefix-name": prefix})
+
+    async def scenario():
+        instance = await PythonBackend().create_instance_async(source, spec)
+        first = instance.pid
+        assert instance.healthy()
+        os.kill(first, signal.SIGKILL)
+        while instance.healthy():
+            await asyncio.sleep(0.005)
+        errors = []
+        await instance.execute_requests([BackendRequest(_sleep_request(0), ["PID"])], lambda i, r: errors.append(r))
+        while not instance.healthy():
+            await asyncio.sleep(0.01)
+        second = instance.pid
+        await instance.aclose()
+        return first, second, errors
+
+    first, second, errors = asyncio.run(scenario())
+    assert second not in (0, first)
+    assert errors and errors[0].error.message == "Stub process 'restart_0' is not healthy."
+    assert not pid_alive(second)

@@ -1,0 +1,108 @@
+"""Shared-memory blocks, tensor packing and message framing used between the server and its workers."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import numpy as np
+import pytest
+
+from naiad.backends.python.framing import FrameDecoder, encode
+from naiad.backends.python.shm import MIN_BLOCK, BlockPool, PeerBlocks, remove_prefixed, shm_create
+from naiad.backends.python.tensors import datatype_of, decode_bytes, encode_bytes, pack, unpack_one
+
+
+@pytest.fixture
+def prefix():
+    name = f"ntt{uuid.uuid4().hex[:8]}_"
+    yield name
+    remove_prefixed(name)
+
+
+def _names(prefix: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+
+
+def test_pool_reuses_released_blocks(prefix):
+    pool = BlockPool(prefix)
+    first = pool.acquire(100)
+    assert first.size == MIN_BLOCK
+    pool.release(first.name)
+    again = pool.acquire(MIN_BLOCK)
+    assert again.name == first.name
+    bigger = pool.acquire(MIN_BLOCK + 1)
+    assert bigger.size == 2 * MIN_BLOCK and bigger.name != first.name
+    assert pool.in_use() == 2
+    pool.close()
+    assert _names(prefix) == []
+
+
+def test_peer_mapping_unlinks_the_name(prefix):
+    pool = BlockPool(prefix)
+    block = pool.acquire(10)
+    block.mapping[:4] = bytes([1, 2, 3, 4])
+    assert _names(prefix) == [block.name]
+    peers = PeerBlocks()
+    view = peers.view(block.name)
+    assert list(view[:4]) == [1, 2, 3, 4]
+    assert _names(prefix) == []  # both sides mapped: nothing can leak any more
+    block.mapping[0:1] = b"\x09"
+    assert view[0] == 9  # same memory
+    del view
+    peers.close()
+    pool.close()
+
+
+def test_remove_prefixed(prefix):
+    mapping = shm_create(prefix + "x", 4096)
+    mapping.close()
+    assert remove_prefixed(prefix) == 1
+    assert _names(prefix) == []
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "uint16", "uint32", "uint64", "int8", "int16", "int32", "int64",
+                                   "float16", "float32", "float64"])
+def test_pack_unpack_fixed_size(prefix, dtype):
+    pool = BlockPool(prefix)
+    array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
+    datatype = datatype_of(array)
+    block, metas = pack(pool, [[("A", datatype, array)], [("B", datatype, array[:1])]])
+    view = PeerBlocks().view(block)
+    first = unpack_one(view, metas[0][0], copy=False)
+    second = unpack_one(view, metas[1][0], copy=True)
+    np.testing.assert_array_equal(first, array)
+    np.testing.assert_array_equal(second, array[:1])
+    assert first.dtype == array.dtype and metas[1][0][3] % 64 == 0
+    pool.close()
+
+
+def test_pack_bytes_and_empty(prefix):
+    pool = BlockPool(prefix)
+    strings = np.array([[b"", b"a\x00b"], ["é", b"xyz"]], dtype=np.object_)
+    empty = np.zeros((0, 3), np.float32)
+    block, metas = pack(pool, [[("S", "BYTES", strings), ("E", "FP32", empty)]])
+    view = PeerBlocks().view(block)
+    decoded = unpack_one(view, metas[0][0], copy=True)
+    assert decoded.shape == (2, 2) and decoded[0, 1] == b"a\x00b" and decoded[1, 0] == "é".encode()
+    assert unpack_one(view, metas[0][1], copy=True).shape == (0, 3)
+    assert pack(pool, [[("E", "FP32", empty)]])[0] is None  # nothing to write: no block
+    pool.close()
+
+
+def test_bytes_codec():
+    encoded = encode_bytes(np.array([b"ab", b""], dtype=np.object_))
+    assert encoded == b"\x02\x00\x00\x00ab\x00\x00\x00\x00"
+    assert list(decode_bytes(encoded, 2)) == [b"ab", b""]
+    with pytest.raises(ValueError):
+        decode_bytes(encoded[:-5], 2)
+
+
+def test_frame_decoder_handles_split_and_joined_frames():
+    data = encode(("x", 1, "a" * 1000)) + encode(("y", 2))
+    decoder = FrameDecoder()
+    got = []
+    for start in range(0, len(data), 7):
+        got.extend(decoder.feed(data[start:start + 7]))
+    assert got == [("x", 1, "a" * 1000), ("y", 2)]
+    assert FrameDecoder().feed(data) == got
