@@ -22,7 +22,8 @@ def _configure_logging(settings: LogSettings) -> None:
     handler.addFilter(SettingsFilter(settings))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG)
+    root.setLevel(settings.logger_level)
+    settings.listeners.append(lambda changed: root.setLevel(changed.logger_level))
     for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 

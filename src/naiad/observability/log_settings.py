@@ -27,6 +27,7 @@ class LogSettings:
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
+        self.listeners: list = []  # called with the settings after every change
 
     def as_dict(self) -> dict:
         return {
@@ -65,7 +66,15 @@ class LogSettings:
         with self._lock:
             for key, value in staged.items():
                 setattr(self, key, value)
+        for listener in self.listeners:
+            listener(self)
         return self.as_dict()
+
+    @property
+    def logger_level(self) -> int:
+        """The root level that lets through exactly what the settings want (DEBUG only when verbose:
+        library debug calls are not even formatted otherwise, which the request path notices)."""
+        return logging.DEBUG if self.log_verbose_level > 0 else logging.INFO
 
 
 class SettingsFilter(logging.Filter):
