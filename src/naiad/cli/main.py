@@ -14,13 +14,52 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
     add_serve_flags(serve)
+    add_tool_parsers(commands)
     return parser
 
 
+def add_tool_parsers(commands: argparse._SubParsersAction) -> None:
+    """The tools (naiad.tools): only their flag definitions load here; each tool loads when its command runs."""
+    from naiad.tools.analyze.cli import add_parser as add_analyze
+    from naiad.tools.llm.cli import add_parser as add_genai_perf
+    from naiad.tools.navigate.cli import add_parser as add_navigate
+    from naiad.tools.perf.cli import add_parser as add_perf
+
+    add_perf(commands)
+    add_genai_perf(commands)
+    add_analyze(commands)
+    add_navigate(commands)
+
+
+def _tool_argv(argv: list[str]) -> list[str]:
+    """`naiad perf --llm ...` is `naiad genai-perf ...`."""
+    if argv[:1] == ["perf"] and "--llm" in argv:
+        return ["genai-perf"] + [a for a in argv[1:] if a != "--llm"]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    import sys
+
+    args = build_parser().parse_args(_tool_argv(list(sys.argv[1:] if argv is None else argv)))
     if args.command == "serve":
         from naiad.cli.serve import run_serve
 
         return run_serve(config_from_args(args))
+    if args.command == "perf":
+        from naiad.tools.perf.cli import run as run_perf
+
+        return run_perf(args)
+    if args.command == "genai-perf":
+        from naiad.tools.llm.cli import run as run_genai_perf
+
+        return run_genai_perf(args)
+    if args.command == "analyze":
+        from naiad.tools.analyze.cli import run as run_analyze
+
+        return run_analyze(args)
+    if args.command == "navigate":
+        from naiad.tools.navigate.cli import run as run_navigate
+
+        return run_navigate(args)
     return 2

@@ -1,0 +1,74 @@
+"""`naiad analyze` on the command line (Model Analyzer's flag names where they exist)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "analyze", help="find the model config that meets a latency budget (Model Analyzer)",
+        description="Starts `naiad serve` on free loopback ports for each config variant of one model, measures "
+                    "it over client concurrencies, and writes the best configs with an HTML report.")
+    add = parser.add_argument
+    add("mode", nargs="?", choices=["profile"], default="profile", help="only 'profile'")
+    add("--model-repository", "-m", required=True, type=Path)
+    add("--profile-models", required=True, metavar="MODEL", help="the model to analyze")
+    add("--output-model-repository-path", type=Path, default=Path("output_model_repository"))
+    add("--export-path", "-e", type=Path, default=Path("results"))
+    add("--override-output-model-repository", action="store_true")
+    add("--run-config-search-mode", choices=["brute", "quick"], default="brute")
+    add("--run-config-search-min-instance-count", type=int, default=1)
+    add("--run-config-search-max-instance-count", type=int, default=3)
+    add("--run-config-search-min-model-batch-size", type=int, default=1)
+    add("--run-config-search-max-model-batch-size", type=int, default=16)
+    add("--run-config-search-min-concurrency", type=int, default=1)
+    add("--run-config-search-max-concurrency", type=int, default=32)
+    add("--dynamic-batching", default="off,on", help="choices to try among off,on,preferred")
+    add("--latency-budget", type=float, default=0.0, metavar="MS", help="constraint: p99 latency at most this")
+    add("--min-throughput", type=float, default=0.0, metavar="INFER/S", help="constraint: throughput at least this")
+    add("--max-memory", type=float, default=0.0, metavar="MB", help="constraint: server RAM at most this")
+    add("--objectives", default="perf_throughput",
+        help="comma list of perf_throughput, perf_latency_p99, cpu_used_ram, each optionally :weight")
+    add("--client-protocol", choices=["http", "grpc"], default="http")
+    add("--batch-size", type=int, default=1, help="client batch size of each request")
+    add("--measurement-interval", type=float, default=1000.0, metavar="MS")
+    add("--stability-percentage", type=float, default=20.0)
+    add("--max-trials", type=int, default=6)
+    add("--num-top-model-configs", type=int, default=3)
+    add("--server-arg", action="append", default=[], help="extra flag for naiad serve (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from naiad.tools.analyze.analyzer import AnalyzeError, AnalyzeOptions, run_analyze
+    from naiad.tools.analyze.search import BATCHING_CHOICES, Constraints, parse_objectives
+
+    batching = [b.strip() for b in args.dynamic_batching.split(",") if b.strip()]
+    bad = [b for b in batching if b not in BATCHING_CHOICES]
+    if bad or not batching:
+        print(f"naiad analyze: error: --dynamic-batching takes off,on,preferred, got {args.dynamic_batching!r}",
+              file=sys.stderr)
+        return 2
+    try:
+        options = AnalyzeOptions(
+            model_repository=args.model_repository, model=args.profile_models,
+            output_repository=args.output_model_repository_path, export_path=args.export_path,
+            override_output=args.override_output_model_repository, search_mode=args.run_config_search_mode,
+            min_instances=args.run_config_search_min_instance_count,
+            max_instances=args.run_config_search_max_instance_count,
+            min_batch_size=args.run_config_search_min_model_batch_size,
+            max_batch_size=args.run_config_search_max_model_batch_size, batching=batching,
+            min_concurrency=args.run_config_search_min_concurrency,
+            max_concurrency=args.run_config_search_max_concurrency,
+            constraints=Constraints(args.latency_budget, args.min_throughput, args.max_memory),
+            objectives=parse_objectives(args.objectives), protocol=args.client_protocol,
+            client_batch_size=args.batch_size, measurement_interval_ms=args.measurement_interval,
+            stability_percentage=args.stability_percentage, max_trials=args.max_trials,
+            top=args.num_top_model_configs, server_args=args.server_arg)
+        report = run_analyze(options)
+    except (AnalyzeError, ValueError) as exc:
+        print(f"naiad analyze: error: {exc}", file=sys.stderr)
+        return 1
+    return 0 if report.winners() else 3

@@ -1,0 +1,1 @@
+"""`naiad navigate`: Model Navigator's convert / check / measure / package for ONNX (and PyTorch when installed)."""

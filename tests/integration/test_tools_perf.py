@@ -1,0 +1,158 @@
+"""`naiad perf` against the real server on loopback: CSV columns, counts against the server's statistics,
+gRPC, streaming, system shared memory, request-rate mode, errors."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from naiad.tools.perf import PerfError, PerfOptions, run_perf
+from naiad.tools.v2client import HttpControl
+from tests.support.onnx_models import add_sub_model
+from tests.support.servers import start_server
+
+HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
+          "Server Compute Infer,Server Compute Output,Client Recv,p50 latency,p90 latency,p95 latency,p99 latency")
+# Short windows and a loose stability bar: the CI machine is small and shared.
+QUICK = ["-p", "200", "-s", "100", "-r", "4"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    add_sub_model(repo, "add_sub", dims=16, max_batch_size=8)
+    with start_server(repo) as running:
+        yield running
+
+
+def quiet(**kwargs) -> PerfOptions:
+    defaults = dict(measurement_interval_ms=200, stability_percentage=100, max_trials=4, progress="off")
+    defaults.update(kwargs)
+    return PerfOptions(**defaults)
+
+
+def server_count(server) -> int:
+    control = HttpControl(server.http_url)
+    try:
+        return control.stats("add_sub").success_count
+    finally:
+        control.close()
+
+
+def test_cli_concurrency_sweep_writes_perf_analyzer_csv(server, tmp_path):
+    before = server_count(server)
+    csv_path, json_path = tmp_path / "out.csv", tmp_path / "out.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "naiad", "perf", "-m", "add_sub", "-u", server.http_url, "--concurrency-range", "1:2",
+         *QUICK, "-f", str(csv_path), "--json-report-file", str(json_path), "--progress", "on"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Request concurrency: 1" in done.stdout and "Request concurrency: 2" in done.stdout
+    assert "Avg request latency:" in done.stdout  # the server-side breakdown
+    assert "concurrency 1 | window 1 |" in done.stderr  # the live progress line
+    rows = list(csv.reader(csv_path.open()))
+    assert ",".join(rows[0]) == HEADER
+    assert sorted(r[0] for r in rows[1:]) == ["1", "2"]
+    assert all(float(r[1]) > 0 and int(r[12]) >= int(r[9]) > 0 for r in rows[1:])
+    report = json.loads(json_path.read_text())
+    totals = report["totals"]
+    # every request the tool completed is one the server counted, and nothing else reached the server
+    assert totals["client_request_count"] == totals["server_request_count"] == server_count(server) - before
+    for level in report["levels"]:
+        client, counted = level["request_count"], level["server"]["request_count"]
+        assert abs(client - counted) <= 2 * int(level["value"]) + 2, level
+        assert level["server"]["compute_infer_us"] > 0
+
+
+def test_grpc_with_system_shared_memory(server):
+    result = run_perf(quiet(model="add_sub", url=server.grpc_url, protocol="grpc", shared_memory="system",
+                            batch_size=4, concurrency_range=(2, 2, 1)), out=open("/dev/null", "w"))
+    level = result.levels[0]
+    assert level.measurement.count > 0 and level.measurement.throughput > 0
+    assert result.client_completed == result.server_delta.success_count
+    # batch 4 per request: the server counts 4 inferences per request
+    assert result.server_delta.inference_count == 4 * result.server_delta.success_count
+    control = HttpControl(server.http_url)
+    try:
+        assert control.request("GET", "/v2/systemsharedmemory/status")[1] == []  # regions were unregistered
+    finally:
+        control.close()
+
+
+def test_http_shared_memory_and_grpc_streaming(server):
+    for options in (quiet(model="add_sub", url=server.http_url, shared_memory="system"),
+                    quiet(model="add_sub", url=server.grpc_url, protocol="grpc", streaming=True)):
+        result = run_perf(options, out=open("/dev/null", "w"))
+        assert result.levels[0].measurement.count > 0
+        assert result.client_completed == result.server_delta.success_count
+
+
+def test_constant_request_rate(server):
+    result = run_perf(quiet(model="add_sub", url=server.http_url, request_rate_range=(100.0, 100.0, 1.0),
+                            measurement_interval_ms=500), out=open("/dev/null", "w"))
+    m = result.levels[0].measurement
+    assert 70 <= m.request_rate <= 130, m.request_rate
+    assert result.client_completed == result.server_delta.success_count
+
+
+def test_errors_are_reported(server, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "missing", "-u", server.http_url, *QUICK],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "missing" in done.stderr
+    with pytest.raises(PerfError, match="exceeds the model's max_batch_size"):
+        run_perf(quiet(model="add_sub", url=server.http_url, batch_size=64), out=open("/dev/null", "w"))
+
+
+def test_binary_search_count_windows_warmup_and_percentile(server):
+    result = run_perf(quiet(model="add_sub", url=server.http_url, concurrency_range=(1, 4, 1), binary_search=True,
+                            latency_threshold_ms=10_000, percentile=95, warmup_request_count=20,
+                            measurement_mode="count_windows", measurement_request_count=40),
+                      out=open("/dev/null", "w"))
+    # within the threshold at both ends: the search measures the two ends only
+    assert [level.value for level in result.levels] == [1, 4]
+    assert all(level.measurement.count >= 40 for level in result.levels)
+    assert result.client_completed == result.server_delta.success_count
+
+
+COUNTER_CONFIG = """\
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: true }
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
+
+COUNTER_PY = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
+            sender = request.get_response_sender()
+            for i in range(count):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("VALUE", np.array([i], dtype=np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_decoupled_model_over_grpc_streaming(tmp_path):
+    pytest.importorskip("naiad.backends.python")
+    (tmp_path / "repo" / "counter" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "counter" / "config.pbtxt").write_text(COUNTER_CONFIG)
+    (tmp_path / "repo" / "counter" / "1" / "model.py").write_text(COUNTER_PY)
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"COUNT": [3]}]}))
+    with start_server(tmp_path / "repo") as running:
+        with pytest.raises(PerfError, match="decoupled"):
+            run_perf(quiet(model="counter", url=running.http_url, input_data=str(data)), out=open("/dev/null", "w"))
+        result = run_perf(quiet(model="counter", url=running.grpc_url, protocol="grpc", streaming=True,
+                                input_data=str(data)), out=open("/dev/null", "w"))
+    m = result.levels[0].measurement
+    assert m.count > 0 and m.responses == 3 * m.count
+    assert result.client_completed == result.server_delta.success_count
