@@ -22,6 +22,8 @@ class RunningServer:
     grpc_port: int | None
     metrics_port: int | None
     output: list[str] = field(default_factory=list)
+    sagemaker_port: int | None = None  # set when started with --allow-sagemaker
+    vertex_ai_port: int | None = None  # set when started with --allow-vertex-ai
 
     @property
     def http_url(self) -> str:
@@ -48,16 +50,19 @@ class RunningServer:
         self.stop()
 
 
-def start_server(repo: Path | str, *extra_args: str, timeout: float = 90.0) -> RunningServer:
-    """Spawn `python -m naiad serve` on port 0 everywhere; returns once it printed its ports."""
+def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.0, env: dict[str, str] | None = None) -> RunningServer:
+    """Spawn `python -m naiad serve` on port 0 everywhere; returns once it printed its ports.
+
+    `env` adds environment variables (e.g. the cloud platforms' SAGEMAKER_* / AIP_*); repo None
+    leaves --model-repository out (Vertex AI's AIP_STORAGE_URI names it then)."""
     command = [
         sys.executable, "-m", "naiad", "serve",
-        "--model-repository", str(repo),
+        *(["--model-repository", str(repo)] if repo is not None else []),
         "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1",
         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
         *extra_args,
     ]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output: list[str] = []
     lines: queue.Queue[str | None] = queue.Queue()
@@ -82,7 +87,8 @@ def start_server(repo: Path | str, *extra_args: str, timeout: float = 90.0) -> R
             break
         if line.startswith(READY_PREFIX):
             ports = json.loads(line[len(READY_PREFIX):])
-            return RunningServer(process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], output)
+            return RunningServer(process, ports["http_port"], ports["grpc_port"], ports["metrics_port"], output,
+                                 ports.get("sagemaker_port"), ports.get("vertex_ai_port"))
     process.kill()
     process.wait()
     raise RuntimeError("naiad serve did not start:\n" + "".join(output))

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 
+from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
 from naiad.config.server_config import ServerConfig
 
 
@@ -95,6 +97,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     _bool_flag(parser, "--log-error", d.log_error, "log errors")
     parser.add_argument("--log-format", choices=["default", "ISO8601"], default=d.log_format)
     parser.add_argument("--log-file", default=d.log_file, help="write the log to this file instead of stderr")
+    add_deploy_flags(parser, os.environ)
+    parser.set_defaults(**vertex_defaults(os.environ))
 
 
 def _backend_config(entries: list[str]) -> dict[str, dict[str, str]]:
@@ -143,10 +147,11 @@ def _trace_entries(args: argparse.Namespace) -> list[str]:
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
-    if not args.model_repository:
+    repositories = list(args.model_repository) or default_repositories(os.environ)
+    if not repositories:
         raise SystemExit("--model-repository is required")
     return ServerConfig(
-        model_repositories=list(args.model_repository),
+        model_repositories=repositories,
         server_id=args.id,
         allow_http=args.allow_http,
         http_address=args.http_address,
@@ -185,4 +190,5 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         log_error=args.log_error,
         log_format=args.log_format,
         log_file=args.log_file,
+        **deploy_settings(args, os.environ),
     )

@@ -18,9 +18,35 @@ class ServerConfig:
     http_max_input_size: int = 1 << 26
     http_header_timeout_secs: float = 30.0
     http_body_timeout_secs: float = 60.0
+    http_ssl_certfile: str = ""  # TLS: server certificate (PEM); empty = plain HTTP
+    http_ssl_keyfile: str = ""
+    http_ssl_ca_certs: str = ""  # CA bundle that verifies client certificates
+    http_ssl_client_cert_required: bool = False
+    http_restricted_api: list[str] = field(default_factory=list)  # "<group>[,...]:<key>=<value>" entries
+    http_header_forward_pattern: str = ""
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"
     grpc_port: int = 8001
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str = ""
+    grpc_server_key: str = ""
+    grpc_root_cert: str = ""
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
+    grpc_header_forward_pattern: str = ""
+    grpc_max_concurrent_streams: int = 0  # per connection (HTTP/2 SETTINGS); 0 = gRPC's default
+    grpc_max_concurrent_rpcs: int = 0  # whole server; past it calls fail RESOURCE_EXHAUSTED; 0 = no limit
+    # cloud frontends (they listen on http_address)
+    allow_sagemaker: bool = False
+    sagemaker_port: int = 8080
+    sagemaker_default_model: str = ""  # SAGEMAKER_TRITON_DEFAULT_MODEL_NAME; empty = the only loaded model
+    sagemaker_ping_mode: str = "ready"  # SAGEMAKER_TRITON_PING_MODE: ready | live
+    sagemaker_inference_type: str = "infer"  # SAGEMAKER_TRITON_INFERENCE_TYPE: infer | generate | generate_stream
+    allow_vertex_ai: bool = False
+    vertex_ai_port: int = 8080
+    vertex_ai_default_model: str = ""  # empty = the repository's only model
+    vertex_ai_health_route: str = ""  # AIP_HEALTH_ROUTE
+    vertex_ai_predict_route: str = ""  # AIP_PREDICT_ROUTE
     allow_metrics: bool = True
     metrics_address: str = "0.0.0.0"
     metrics_port: int = 8002

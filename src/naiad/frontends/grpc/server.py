@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from naiad.frontends.grpc.guard import GuardInterceptor
 from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
@@ -19,13 +20,38 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_LENGTH = 2**31 - 1  # what Triton accepts and tritonclient sends
 
 
-def server_options() -> list[tuple[str, Any]]:
-    """Channel options: INT32_MAX messages like Triton, and no silent port sharing (SO_REUSEPORT)."""
-    return [
+def server_options(max_concurrent_streams: int = 0) -> list[tuple[str, Any]]:
+    """Channel options: INT32_MAX messages like Triton, no silent port sharing (SO_REUSEPORT), and
+    the per-connection stream cap (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
+    options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
         ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
         ("grpc.so_reuseport", 0),
     ]
+    if max_concurrent_streams > 0:
+        options.append(("grpc.max_concurrent_streams", max_concurrent_streams))
+    return options
+
+
+def _read(path: str, flag: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise OSError(f"{flag}: cannot read '{path}': {exc.strerror or exc}") from None
+
+
+def server_credentials(config: Any) -> grpc.ServerCredentials | None:
+    """TLS credentials from --grpc-use-ssl[-mutual] and the PEM files, or None for a plaintext port."""
+    if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
+        return None
+    if not config.grpc_server_cert or not config.grpc_server_key:
+        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if config.grpc_use_ssl_mutual and not config.grpc_root_cert:
+        raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs client certificates)")
+    pair = (_read(config.grpc_server_key, "--grpc-server-key"), _read(config.grpc_server_cert, "--grpc-server-cert"))
+    root = _read(config.grpc_root_cert, "--grpc-root-cert") if config.grpc_root_cert else None
+    return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=bool(config.grpc_use_ssl_mutual))
 
 
 def bind_address(host: str, port: int) -> str:
@@ -46,12 +72,21 @@ class GrpcFrontend:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (port 0 picks a free one)."""
-        grpc_server = grpc.aio.server(options=server_options())
+        config = self._server.config
+        credentials = server_credentials(config)
+        grpc_server = grpc.aio.server(
+            options=server_options(config.grpc_max_concurrent_streams),
+            interceptors=[GuardInterceptor(config.grpc_restricted_protocol, config.grpc_header_forward_pattern)],
+            maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs or None,
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), grpc_server)
         grpc_server.add_generic_rpc_handlers((health_handler(self._server),))
         address = bind_address(self._host, self._port)
         try:
-            port = grpc_server.add_insecure_port(address)
+            if credentials is None:
+                port = grpc_server.add_insecure_port(address)
+            else:
+                port = grpc_server.add_secure_port(address, credentials)
         except RuntimeError as exc:
             raise OSError(f"cannot bind the gRPC frontend to {address}: {exc}") from None
         if port == 0:

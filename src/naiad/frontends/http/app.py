@@ -7,9 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive
 from naiad.frontends.http.generate import GenerateHandler
+from naiad.frontends.http.guard import HttpGuard
 from naiad.frontends.http.infer_handler import InferHandler
 from naiad.frontends.http.responses import Send, send_error
 from naiad.frontends.http.routes import build_router
+from naiad.frontends.security import header_forwarder
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -26,9 +28,14 @@ class HttpApp:
         self.infer = InferHandler(server)
         self.generate = GenerateHandler(server)
         self.router = build_router(server, self.infer)
+        self.guard = HttpGuard(server.config.http_restricted_api)
+        forwarder = header_forwarder(server.config.http_header_forward_pattern)
+        self.infer.forward_headers = self.generate.forward_headers = forwarder
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
+            return
+        if await self.guard.refuse(scope, send):
             return
         if scope["method"] == "POST":
             path = scope["path"]

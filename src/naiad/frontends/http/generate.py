@@ -13,6 +13,7 @@ from naiad.frontends.http.body import Receive, RequestHeaders, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_params import apply_request_parameters
 from naiad.frontends.http.responses import JSON, Send, send_error
+from naiad.frontends.security import HeaderForwarder
 from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.tensor_codec import array_from_json, array_to_json
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
@@ -104,6 +105,7 @@ class GenerateHandler:
 
     def __init__(self, server: Server) -> None:
         self.server = server
+        self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
 
     async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str, stream: bool) -> None:
         server = self.server
@@ -117,6 +119,8 @@ class GenerateHandler:
             except orjson.JSONDecodeError as exc:
                 raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
             request = build_generate_request(server, model, version, doc)
+            if self.forward_headers is not None:
+                self.forward_headers.apply(scope["headers"], request.parameters)
             responses = self._responses(request)
             first = await anext(responses, None)
         except ClientDisconnected:
