@@ -19,6 +19,7 @@ from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
+from naiad.protocol.model_names import check_model_name
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
 from naiad.core.model_residency import ResidencyManager
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
@@ -181,6 +182,7 @@ class ModelLifecycle:
 
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None) -> None:
         """Load or reload `name`; on failure previously READY versions keep serving."""
+        check_model_name(name)
         if files and config_override is None:
             raise invalid_arg(f"failed to load '{name}': the 'config' parameter is required when 'file:' overrides are given")
         record = self.records.setdefault(name, ModelRecord(name))
@@ -372,6 +374,7 @@ class ModelLifecycle:
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
         """Unload; with unload_dependents also the composing models loaded only for this ensemble."""
+        check_model_name(name)
         record = self.records.get(name)
         if record is None:
             return

@@ -263,3 +263,13 @@ def test_response_cache_is_bounded_lru():
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
     cache.put("huge", {"x": np.zeros(100, np.float32)}, {})
     assert cache.get("huge") is None and cache.usage() == (2, 80)
+
+
+def test_unsafe_model_names_refused_in_process(tmp_path):
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit") as srv:
+        for name in ("../x", "a/b", "..", "x\x00y"):
+            coro = srv.load_model(name, config_json='{"backend":"onnxruntime"}', files={"file:1/model.onnx": b"x"})
+            with pytest.raises(NaiadError) as err:
+                asyncio.run_coroutine_threadsafe(coro, srv._loop).result()
+            assert err.value.code is ErrorCode.INVALID_ARG and "invalid model name" in err.value.message
+        assert not (tmp_path.parent / "x").exists()
