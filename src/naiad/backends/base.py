@@ -19,7 +19,9 @@ class ServerServices(Protocol):
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
 
-    def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]: ...
+    def infer_stream(
+        self, request: InferenceRequest, errors_inline: bool = False
+    ) -> AsyncIterator[tuple[InferenceResponse | NaiadError | None, bool]]: ...
 
     async def load_model(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None: ...
 
@@ -108,6 +110,9 @@ class BackendResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
     error: NaiadError | None = None
     final: bool = True
+    # Triton counts a model's error *response* as a successful request and a raised exception
+    # (or an execution failure) as a failed one.
+    counts_as_failure: bool = True
 
 
 ResponseCallback = Callable[[int, BackendResponse], None]

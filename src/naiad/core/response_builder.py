@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from naiad.core.model_version import ModelVersion, TensorSpec
-from naiad.protocol.datatypes import numpy_dtype
+from naiad.protocol.datatypes import datatype_of_array, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg
 from naiad.protocol.tensor_codec import array_to_raw
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
@@ -67,14 +67,13 @@ def build_response(
     outputs: list[OutputTensor] = []
     for wanted in _requested(request, model):
         spec = model.outputs[wanted.name]
-        try:
-            array = np.asarray(arrays[wanted.name])
-        except KeyError:
-            raise internal(f"model '{model.name}' did not produce output '{wanted.name}'") from None
-        array = _client_facing(array, spec, batched)
+        if wanted.name not in arrays:
+            continue  # as Triton: an output the model did not produce is left out of the response
+        array = _client_facing(np.asarray(arrays[wanted.name]), spec, batched)
         datatype = spec.datatype
         if datatype != "BYTES" and array.dtype != numpy_dtype(datatype):
-            array = array.astype(numpy_dtype(datatype))
+            # as Triton: the response carries what the model produced, with its real datatype
+            datatype = datatype_of_array(array)
         if wanted.classification > 0:
             array = classify(array, wanted.classification, spec.labels, batched)
             datatype = "BYTES"

@@ -215,6 +215,10 @@ class Server:
         self._begin_request(model.name)
         try:
             result = await model.scheduler.enqueue(item)
+            if result.error is not None:
+                # the model answered with an error response: a success in Triton's statistics
+                model.stats.record_request(True, time.perf_counter_ns() - start, max(item.dispatch_ns - item.enqueue_ns, 0))
+                raise _AnsweredError(result.error)
             if result.outputs is None:
                 raise internal(f"model '{model.name}' completed the request without a response")
             response = build_response(model, request, result.outputs, self.shared_memory)
@@ -223,6 +227,8 @@ class Server:
                 insert_start = time.perf_counter_ns()
                 self.response_cache.put(key, result.outputs, result.parameters)
                 model.stats.record_cache(False, time.perf_counter_ns() - insert_start)
+        except _AnsweredError as answered:
+            raise answered.error from None
         except NaiadError as exc:
             model.stats.record_request(False, time.perf_counter_ns() - start, None, _failure_reason(exc, model))
             raise
@@ -251,11 +257,14 @@ class Server:
                 trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype, out.shape, _tensor_text(out.data))
         self.tracer.finish(trace, model.name)
 
-    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+    async def infer_stream(
+        self, request: InferenceRequest, errors_inline: bool = False
+    ) -> AsyncIterator[tuple[InferenceResponse | NaiadError | None, bool]]:
         """Every response of a request as (response, is_final); (None, True) is a flag-only final.
 
         Works for decoupled models (zero or more responses) and others (exactly one). An error
-        response raises NaiadError and ends the request's stream.
+        response raises NaiadError and ends the stream, unless `errors_inline`: then it is yielded
+        as (NaiadError, is_final) and later responses follow, as Triton streams them.
         """
         self._check_serving()
         model = await self._serving_version(request)
@@ -276,7 +285,13 @@ class Server:
                     first = False
                 if result.error is not None:
                     reason = _failure_reason(result.error, model)
-                    raise result.error
+                    if not errors_inline:
+                        raise result.error
+                    yield result.error, result.final
+                    if result.final:
+                        success = not result.counts_as_failure
+                        return
+                    continue
                 if result.outputs is None:
                     yield None, True
                     success = True
@@ -493,6 +508,14 @@ class Server:
         future = asyncio.run_coroutine_threadsafe(self.infer_async(request), self._loop)
         response = future.result()
         return {out.name: out.data for out in response.outputs if out.data is not None}
+
+
+class _AnsweredError(Exception):
+    """Carries a model's error response past the failure accounting (it already counted as a success)."""
+
+    def __init__(self, error: NaiadError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def _tensor_text(array: np.ndarray) -> str:

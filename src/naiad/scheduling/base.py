@@ -45,7 +45,7 @@ class WorkItem:
             return
         if self.future.done():
             return
-        if response.error is not None:
+        if response.error is not None and response.counts_as_failure:
             self.future.set_exception(response.error)
         elif response.outputs is not None or response.final:
             self.future.set_result(response)

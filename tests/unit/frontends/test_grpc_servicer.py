@@ -144,7 +144,7 @@ class FakeServer:
             request.model_name, "1", outputs, id=request.id, parameters={"echo_id": request.id or "none"}
         )
 
-    async def infer_stream(self, request: InferenceRequest) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
+    async def infer_stream(self, request: InferenceRequest, errors_inline: bool = False) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
         """dec: COUNT responses (INT32 value i), then a flag-only final; others: one final response."""
         self._check(request.model_name, request.model_version)
         if request.model_name != "dec":

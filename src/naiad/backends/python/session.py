@@ -309,8 +309,8 @@ class WorkerSession:
                 if index not in batch.open:
                     continue
                 batch.open.discard(index)
-                if err is not None:
-                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True))
+                if err is not None:  # an InferenceResponse(error=...): a success in Triton's statistics
+                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True, counts_as_failure=False))
                 else:
                     outputs = self.outputs.read(block, metas)
                     batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True))
@@ -327,7 +327,7 @@ class WorkerSession:
             self.outputs.done_with(block)
             return
         if err is not None:
-            response = BackendResponse(None, _parameters(parameters), error_of(err), final)
+            response = BackendResponse(None, _parameters(parameters), error_of(err), final, counts_as_failure=False)
         elif metas is None:
             response = BackendResponse(None, final=True) if final else None
         else:

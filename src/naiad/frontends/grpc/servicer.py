@@ -72,7 +72,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: InferenceRequest
     ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
         """Responses of one stream request (one for ordinary models, any number for decoupled ones)."""
-        async for item in self._server.infer_stream(request):
+        async for item in self._server.infer_stream(request, errors_inline=True):
             yield item
 
     def _check_client_shm(self) -> None:

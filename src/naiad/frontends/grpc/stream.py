@@ -133,6 +133,9 @@ class StreamSession:
         version = ""
         try:
             async for response, final in self._source(request):
+                if isinstance(response, NaiadError):
+                    self._fail(message, response)  # an error response: the stream goes on
+                    continue
                 if response is not None:
                     version = response.model_version
                 elif not send_empty_final:
