@@ -108,3 +108,39 @@ def test_error_in_the_middle_of_a_stream_keeps_it_going(server):
     assert values[0] == [0] and values[1][0] == "error" and "bad step 1" in values[1][1] and values[2] == [2]
     final_result, final_error = received[3]
     assert final_error is None and final_result.get_response().parameters["triton_final_response"].bool_param
+
+
+METRICS = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        family = pb_utils.MetricFamily(name="requests_seen", description="requests this model saw",
+                                       kind=pb_utils.MetricFamily.COUNTER)
+        self.counter = family.Metric(labels={"model": args["model_name"]})
+        hist = pb_utils.MetricFamily(name="input_value", description="input values", kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.hist = hist.Metric(labels={}, buckets=[1.0, 10.0])
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "X").as_numpy()
+            self.counter.increment(1)
+            self.hist.observe(float(x[0]))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return out
+'''
+
+
+def test_custom_metrics_reach_the_metrics_endpoint(tmp_path):
+    _model(tmp_path, "counted", METRICS, 'backend: "python"\nmax_batch_size: 0\n'
+           'input [{ name: "X" data_type: TYPE_FP32 dims: [1] }]\noutput [{ name: "Y" data_type: TYPE_FP32 dims: [1] }]\n')
+    with start_server(tmp_path) as srv:
+        client = httpclient.InferenceServerClient(srv.http_url)
+        for value in (0.5, 5.0, 50.0):
+            client.infer("counted", _x(value))
+        text = urllib.request.urlopen(f"http://127.0.0.1:{srv.metrics_port}/metrics", timeout=10).read().decode()
+    assert "# TYPE requests_seen counter" in text and 'requests_seen{model="counted"} 3' in text
+    assert 'input_value_bucket{le="1.0"} 1' in text and 'input_value_bucket{le="+Inf"} 3' in text
+    assert "input_value_count 3" in text

@@ -21,6 +21,7 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
+from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.exposition import Family
 from naiad.observability.log_settings import LogSettings
 from naiad.observability.tracing import Trace, Tracer, parse_trace_config
@@ -74,7 +75,9 @@ class Server:
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
         self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
+        self.custom_metrics = CustomMetrics()  # families created by model code (pb_utils.MetricFamily)
         self.metrics.extra_families.append(self._residency_families)
+        self.metrics.extra_families.append(self.custom_metrics.families)
         self._live = False
         self._exiting = False
         self._inflight = 0
