@@ -10,6 +10,7 @@ from naiad.backends.base import Backend
 _BUILTIN = {
     "onnxruntime": "naiad.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "python": "naiad.backends.python.backend:PythonBackend",
+    "transformers": "naiad.backends.transformers_backend.backend:TransformersBackend",
 }
 
 

@@ -55,6 +55,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="close connections whose request headers are not complete within this time")
     parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
                         help="answer 408 when a request body is not complete within this time")
+    parser.add_argument("--openai-port", type=int, default=d.openai_port,
+                        help="also serve the OpenAI-compatible API (/v1) alone on this port (on --http-address; 0 = free port)")
     _bool_flag(parser, "--allow-grpc", d.allow_grpc, "serve gRPC")
     parser.add_argument("--grpc-address", default=d.grpc_address)
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="0 picks a free port")
@@ -159,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_max_input_size=args.http_max_input_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
+        openai_port=args.openai_port,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,

@@ -32,6 +32,7 @@ async def _serve(config: ServerConfig) -> int:
     from naiad.frontends.grpc.server import GrpcFrontend
     from naiad.frontends.http.server import HttpFrontend
     from naiad.frontends.metrics import MetricsFrontend
+    from naiad.frontends.openai.server import OpenAIFrontend
     from naiad.frontends.sagemaker import SageMakerFrontend
     from naiad.frontends.vertex import VertexFrontend
 
@@ -54,13 +55,14 @@ async def _serve(config: ServerConfig) -> int:
         return 1
     frontends = []
     ports: dict[str, int | None] = {"http_port": None, "grpc_port": None, "metrics_port": None,
-                                    "sagemaker_port": None, "vertex_ai_port": None}
+                                    "sagemaker_port": None, "vertex_ai_port": None, "openai_port": None}
     specs = [
         ("http_port", config.allow_http, HttpFrontend, config.http_address, config.http_port, "HTTPService"),
         ("grpc_port", config.allow_grpc, GrpcFrontend, config.grpc_address, config.grpc_port, "GRPCInferenceService"),
         ("metrics_port", config.allow_metrics, MetricsFrontend, config.metrics_address, config.metrics_port, "Metrics Service"),
         ("sagemaker_port", config.allow_sagemaker, SageMakerFrontend, config.http_address, config.sagemaker_port, "Sagemaker HTTPService"),
         ("vertex_ai_port", config.allow_vertex_ai, VertexFrontend, config.http_address, config.vertex_ai_port, "Vertex AI HTTPService"),
+        ("openai_port", config.openai_port is not None, OpenAIFrontend, config.http_address, config.openai_port or 0, "OpenAI HTTPService"),
     ]
     try:
         for key, enabled, cls, host, port, label in specs:

@@ -177,6 +177,14 @@ class Server:
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.models.lookup(name, version).decoupled
 
+    def apply_chat_template(self, name: str, messages: list[dict], add_generation_prompt: bool = True) -> str | None:
+        """The prompt a chat model's tokenizer template makes of `messages`; None when it has no template."""
+        for instance in self.models.lookup(name).pool.instances:
+            template = getattr(instance, "apply_chat_template", None)
+            if template is not None:
+                return template(messages, add_generation_prompt)
+        return None
+
     def model_metadata(self, name: str, version: str = "") -> dict:
         model = self.models.lookup(name, version)
         config = model.config

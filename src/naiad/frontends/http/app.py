@@ -11,6 +11,7 @@ from naiad.frontends.http.guard import HttpGuard
 from naiad.frontends.http.infer_handler import InferHandler
 from naiad.frontends.http.responses import Send, send_error
 from naiad.frontends.http.routes import build_router
+from naiad.frontends.openai.app import OpenAIApp
 from naiad.frontends.security import header_forwarder
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ class HttpApp:
         self.infer = InferHandler(server)
         self.generate = GenerateHandler(server)
         self.router = build_router(server, self.infer)
+        self.openai = OpenAIApp(server)  # the OpenAI-compatible API under /v1
         self.guard = HttpGuard(server.config.http_restricted_api)
         forwarder = header_forwarder(server.config.http_header_forward_pattern)
         self.infer.forward_headers = self.generate.forward_headers = forwarder
@@ -51,5 +53,8 @@ class HttpApp:
                     return
         elif "/generate" in scope["path"] and _GENERATE_PATH.fullmatch(scope["path"]):
             await send_error(send, 405, "Method Not Allowed")
+            return
+        if scope["path"].startswith("/v1/"):
+            await self.openai(scope, receive, send)
             return
         await self.router(scope, receive, send)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -130,7 +131,7 @@ class GenerateHandler:
             await send_error(send, status, message)
             return
         if stream:
-            await self._stream(send, first, responses)
+            await self._stream(send, receive, first, responses)
         else:
             await self._single(send, first, responses)
 
@@ -153,20 +154,39 @@ class GenerateHandler:
                     "headers": [(b"content-type", JSON), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-    async def _stream(self, send: Send, first: InferenceResponse | None, rest: AsyncIterator[InferenceResponse]) -> None:
+    async def _stream(self, send: Send, receive: Receive, first: InferenceResponse | None, rest: AsyncIterator[InferenceResponse]) -> None:
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", EVENT_STREAM), (b"cache-control", b"no-cache")]})
+        # uvicorn ignores sends after a disconnect, so watch for it: a client that goes away
+        # cancels its request instead of letting the model generate for nobody.
+        watcher = asyncio.ensure_future(_disconnected(receive))
         try:
             if first is not None:
                 await send({"type": "http.response.body", "body": _event(response_document(first)), "more_body": True})
-            async for response in rest:
+            while True:
+                step = asyncio.ensure_future(anext(rest, None))
+                done, _ = await asyncio.wait({step, watcher}, return_when=asyncio.FIRST_COMPLETED)
+                if step not in done:
+                    step.cancel()
+                    await rest.aclose()
+                    return
+                response = step.result()
+                if response is None:
+                    break
                 await send({"type": "http.response.body", "body": _event(response_document(response)), "more_body": True})
         except NaiadError as exc:
             # Once streaming began the status stays 200: the error travels as an event.
             await send({"type": "http.response.body", "body": _event({"error": exc.message}), "more_body": True})
         except OSError:
-            return  # client went away; infer_stream's cleanup cancels the request
+            return
+        finally:
+            watcher.cancel()
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _event(doc: dict[str, Any]) -> bytes:

@@ -1,0 +1,1 @@
+"""The built-in LLM backend (`backend: "transformers"`): Hugging Face causal LMs with in-flight batching."""

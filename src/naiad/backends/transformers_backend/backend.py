@@ -1,0 +1,297 @@
+"""`backend: "transformers"`: Triton's vLLM backend contract (model.json, text_input -> text_output, decoupled)
+served by the in-process continuous-batching engine."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
+from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, SequenceOutput
+from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
+from naiad.backends.transformers_backend.stats import families
+from naiad.config.model_config import ConfigError
+from naiad.protocol.errors import NaiadError, internal, invalid_arg, unavailable
+
+log = logging.getLogger("naiad.backends.transformers")
+
+MODEL_JSON = "model.json"
+DEFAULT_KV_CACHE_BYTES = 512 << 20
+DEFAULT_MAX_NUM_SEQS = 64
+
+# name, data type, dims, optional
+INPUTS = [
+    ("text_input", mc.TYPE_STRING, [1], False),
+    ("stream", mc.TYPE_BOOL, [1], True),
+    ("sampling_parameters", mc.TYPE_STRING, [1], True),
+    ("exclude_input_in_output", mc.TYPE_BOOL, [1], True),
+    ("return_finish_reason", mc.TYPE_BOOL, [1], True),
+    ("return_num_input_tokens", mc.TYPE_BOOL, [1], True),
+    ("return_num_output_tokens", mc.TYPE_BOOL, [1], True),
+]
+OUTPUTS = [
+    ("text_output", mc.TYPE_STRING, [-1]),
+    ("finish_reason", mc.TYPE_STRING, [-1]),
+    ("num_input_tokens", mc.TYPE_UINT32, [1]),
+    ("num_output_tokens", mc.TYPE_UINT32, [-1]),
+]
+# vLLM AsyncEngineArgs that mean nothing here: accepted so a repository moves between the two backends.
+_VLLM_ONLY = {"gpu_memory_utilization", "enforce_eager", "disable_log_stats", "tensor_parallel_size",
+              "disable_log_requests", "enable_prefix_caching", "swap_space", "block_size", "max_num_batched_tokens",
+              "pipeline_parallel_size", "distributed_executor_backend", "enable_chunked_prefill"}
+_OWN = {"model", "tokenizer", "kv_cache_bytes", "max_num_seqs", "max_model_len", "dtype", "device", "seed",
+        "trust_remote_code"}
+
+
+class TransformersBackend:
+    """Hugging Face causal LMs from a local directory named by `<version>/model.json`."""
+
+    name = "transformers"
+
+    def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
+        """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy."""
+        have = {t.name for t in config.input}
+        for name, dtype, dims, optional in INPUTS:
+            if name not in have:
+                entry = config.input.add(name=name, data_type=dtype, optional=optional)
+                entry.dims.extend(dims)
+        have = {t.name for t in config.output}
+        for name, dtype, dims in OUTPUTS:
+            if name not in have:
+                config.output.add(name=name, data_type=dtype).dims.extend(dims)
+        config.model_transaction_policy.decoupled = True
+
+    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
+        raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
+
+    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> "TransformersInstance":
+        config = source.config
+        if not config.model_transaction_policy.decoupled:
+            raise ConfigError(f"model '{config.name}': the transformers backend needs "
+                              "model_transaction_policy { decoupled: true }")
+        if config.max_batch_size != 0:
+            raise ConfigError(f"model '{config.name}': the transformers backend batches internally; set max_batch_size: 0")
+        settings = read_model_json(source.version_dir)
+        loop = asyncio.get_running_loop()
+        model, tokenizer, device, max_len = await loop.run_in_executor(None, load_model, settings, spec)
+        engine = Engine(
+            model, tokenizer, device=device,
+            kv_cache_bytes=int(settings.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)),
+            max_num_seqs=int(settings.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
+            max_model_len=max_len, name=config.name,
+        )
+        return TransformersInstance(spec.name, engine, source)
+
+
+def read_model_json(version_dir: Path) -> dict[str, Any]:
+    path = version_dir / MODEL_JSON
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"unable to find '{path}': the transformers backend reads the model directory from it") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
+        raise ConfigError(f"{path}: expected a JSON object with a \"model\" string (a local Hugging Face model directory)")
+    unknown = set(settings) - _OWN - _VLLM_ONLY
+    if unknown:
+        log.warning("%s: ignoring settings the transformers backend does not use: %s", path, ", ".join(sorted(unknown)))
+    model_dir = Path(settings["model"]).expanduser()
+    if not model_dir.is_absolute():
+        model_dir = (version_dir / model_dir).resolve()
+    if not model_dir.is_dir():
+        raise ConfigError(f"{path}: \"model\" must be a local Hugging Face model directory (absolute or relative to "
+                          f"{version_dir}); '{model_dir}' is not a directory. Models are never downloaded at run time.")
+    settings["model"] = str(model_dir)
+    if "tokenizer" in settings:
+        tok = Path(settings["tokenizer"]).expanduser()
+        settings["tokenizer"] = str(tok if tok.is_absolute() else (version_dir / tok).resolve())
+    for key in ("kv_cache_bytes", "max_num_seqs", "max_model_len"):
+        if key in settings and (not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1):
+            raise ConfigError(f"{path}: \"{key}\" must be a positive integer")
+    return settings
+
+
+def load_model(settings: dict[str, Any], spec: InstanceSpec) -> tuple[Any, Any, Any, int]:
+    """Blocking: tokenizer and model from local files only, on the instance's device."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # load-time progress bars would interleave with the server log
+
+    if spec.kind == mc.ModelInstanceGroup.KIND_GPU and torch.cuda.is_available():
+        device = torch.device(f"cuda:{spec.device_id}")
+    else:
+        device = torch.device(settings.get("device", "cpu"))
+    dtype_name = settings.get("dtype", "auto")
+    dtypes = {"auto": "auto", "float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+    if dtype_name not in dtypes:
+        raise ConfigError(f"model.json: \"dtype\" must be one of {sorted(dtypes)}, got {dtype_name!r}")
+    dtype = dtypes[dtype_name]
+    if dtype == "auto" and device.type == "cpu":
+        dtype = torch.float32
+    trust = bool(settings.get("trust_remote_code", False))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(settings.get("tokenizer", settings["model"]), local_files_only=True,
+                                                  trust_remote_code=trust)
+        model = AutoModelForCausalLM.from_pretrained(settings["model"], local_files_only=True, dtype=dtype,
+                                                     trust_remote_code=trust)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"unable to load the Hugging Face model from '{settings['model']}': {exc}") from None
+    model.to(device).eval()
+    if "seed" in settings:
+        torch.manual_seed(int(settings["seed"]))
+    max_len = settings.get("max_model_len") or _model_max_len(model, tokenizer)
+    return model, tokenizer, device, int(max_len)
+
+
+def _model_max_len(model: Any, tokenizer: Any) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(model.config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else 2048
+
+
+def _flag(request: BackendRequest, name: str, default: bool = False) -> bool:
+    array = request.inputs.get(name)
+    if array is None or array.size == 0:
+        return default
+    return bool(np.asarray(array).ravel()[0])
+
+
+def _text(request: BackendRequest, name: str) -> str | None:
+    array = request.inputs.get(name)
+    if array is None or array.size == 0:
+        return None
+    value = np.asarray(array).ravel()[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def _bytes_array(value: str) -> np.ndarray:
+    array = np.empty(1, dtype=np.object_)
+    array[0] = value.encode("utf-8")
+    return array
+
+
+class TransformersInstance:
+    """A request-level instance: execute_requests hands requests to the engine and returns at once."""
+
+    def __init__(self, name: str, engine: Engine, source: ModelSource) -> None:
+        self.name = name
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self._labels = {"model": source.config.name, "version": str(source.version)}
+        metrics = getattr(source.server, "metrics", None)
+        self._providers = getattr(metrics, "extra_families", None)
+        if self._providers is not None:
+            self._providers.append(self._families)
+
+    def _families(self):
+        return families([(self._labels, self.engine.stats)])
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        """The prompt the tokenizer's chat template makes of OpenAI-style messages."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise invalid_arg(f"model '{self._labels['model']}' has no chat template in its tokenizer configuration; "
+                              "use /v1/completions")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    def healthy(self) -> bool:
+        return self.engine.healthy()
+
+    async def aclose(self) -> None:
+        if self._providers is not None and self._families in self._providers:
+            self._providers.remove(self._families)
+        await self.engine.close()
+
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None:
+        for index, request in enumerate(requests):
+            try:
+                seq = self._sequence(index, request, respond)
+                self.engine.add(seq)
+            except (SamplingError, EngineError) as exc:
+                respond(index, BackendResponse(None, error=invalid_arg(str(exc)), final=True, counts_as_failure=False))
+            except NaiadError as exc:
+                respond(index, BackendResponse(None, error=exc, final=True, counts_as_failure=False))
+
+    def _sequence(self, index: int, request: BackendRequest, respond: ResponseCallback) -> Sequence:
+        prompt = _text(request, "text_input")
+        if prompt is None:
+            raise invalid_arg("input 'text_input' is required")
+        stream = _flag(request, "stream")
+        exclude = _flag(request, "exclude_input_in_output", default=stream)
+        if stream and "exclude_input_in_output" in request.inputs and not exclude:
+            raise invalid_arg("exclude_input_in_output=false is not supported with stream=true (streaming never "
+                              "prepends the prompt)")
+        raw = _text(request, "sampling_parameters")
+        if raw is not None and raw.strip():
+            try:
+                values = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise invalid_arg(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
+            if not isinstance(values, dict):
+                raise invalid_arg("input 'sampling_parameters' must be a JSON object")
+            params = parse_sampling(values, strict=True)
+        else:
+            params = parse_sampling(request.parameters, strict=False)
+        wanted = {
+            "finish_reason": _flag(request, "return_finish_reason"),
+            "num_input_tokens": _flag(request, "return_num_input_tokens"),
+            "num_output_tokens": _flag(request, "return_num_output_tokens"),
+        }
+        requested = set(request.requested_outputs)
+        emitter = _Emitter(index, respond, stream, "" if exclude else prompt, wanted, requested)
+        return Sequence(self.engine.tokenize(prompt), params, emitter, request.is_cancelled)
+
+
+class _Emitter:
+    """Turns engine outputs into backend responses: one per text piece when streaming, else one at the end."""
+
+    def __init__(self, index: int, respond: ResponseCallback, stream: bool, prefix: str,
+                 wanted: dict[str, bool], requested: set[str]) -> None:
+        self._index = index
+        self._respond = respond
+        self._stream = stream
+        self._parts = [prefix] if prefix else []
+        self._wanted = wanted
+        self._requested = requested
+        self._sent_tokens = 0
+
+    def __call__(self, out: SequenceOutput) -> None:
+        if out.error is not None:
+            error = unavailable(out.error) if out.finish_reason == "abort" else internal(out.error)
+            self._respond(self._index, BackendResponse(None, error=error, final=True))
+            return
+        if self._stream:
+            if not out.text and not out.finished:
+                return
+            if not out.text and not any(self._wanted.values()):
+                self._respond(self._index, BackendResponse(None, final=True))
+                return
+            self._respond(self._index, BackendResponse(self._outputs(out, out.text), final=out.finished))
+            return
+        self._parts.append(out.text)
+        if out.finished:
+            self._respond(self._index, BackendResponse(self._outputs(out, "".join(self._parts)), final=True))
+
+    def _outputs(self, out: SequenceOutput, text: str) -> dict[str, np.ndarray]:
+        outputs = {"text_output": _bytes_array(text)}
+        if self._wanted["finish_reason"] and out.finished:
+            outputs["finish_reason"] = _bytes_array(out.finish_reason or "stop")
+        if self._wanted["num_input_tokens"]:
+            outputs["num_input_tokens"] = np.array([out.prompt_tokens], dtype=np.uint32)
+        if self._wanted["num_output_tokens"]:
+            outputs["num_output_tokens"] = np.array([out.output_tokens - self._sent_tokens], dtype=np.uint32)
+            self._sent_tokens = out.output_tokens
+        if self._requested:
+            outputs = {k: v for k, v in outputs.items() if k in self._requested}
+        return outputs

@@ -1,0 +1,443 @@
+"""ASGI handler for /v1/...: model listing, completions and chat completions (JSON or SSE ending in [DONE])."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import orjson
+
+from naiad.frontends.http.body import Receive, RequestHeaders, read_body
+from naiad.frontends.http.errors import ClientDisconnected, HttpError
+from naiad.frontends.http.responses import JSON, Send
+from naiad.frontends.openai.schema import GenerationRequest, RequestError, parse_chat, parse_completion
+from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.types import InferenceRequest, InferInput
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+OWNER = "Naiad"
+EVENT_STREAM = b"text/event-stream; charset=utf-8"
+_RETURN_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _error_body(status: int, message: str) -> bytes:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return orjson.dumps({"detail": message, "error": {"message": message, "type": kind, "param": None, "code": status}})
+
+
+async def _send_json(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", JSON), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+@dataclass
+class Piece:
+    """One response of one choice."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    output_tokens: int
+    final: bool
+
+
+class OpenAIApp:
+    """Serves /v1 for one Server; usable as a standalone ASGI app or mounted in the HTTP app."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.created = int(time.time())
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        try:
+            await self._dispatch(scope, receive, send)
+        except ClientDisconnected:
+            return
+        except ApiError as exc:
+            await _send_json(send, exc.status, _error_body(exc.status, exc.message))
+        except HttpError as exc:
+            await _send_json(send, exc.status, _error_body(exc.status, exc.message))
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        path, method = scope["path"].rstrip("/"), scope["method"]
+        if path == "/v1/models":
+            self._only(method, "GET")
+            await _send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card(m) for m in self._llm_models()]}))
+        elif path.startswith("/v1/models/"):
+            self._only(method, "GET")
+            name = path[len("/v1/models/"):]
+            if name not in self._llm_models():
+                raise ApiError(404, f"Unknown model: {name}")
+            await _send_json(send, 200, orjson.dumps(self._model_card(name)))
+        elif path == "/v1/completions":
+            self._only(method, "POST")
+            await self._generate(scope, receive, send, chat=False)
+        elif path == "/v1/chat/completions":
+            self._only(method, "POST")
+            await self._generate(scope, receive, send, chat=True)
+        elif path in ("/health/ready", "/v1/health/ready"):
+            ready = self.server.is_ready()
+            await _send_json(send, 200 if ready else 503, b"{}")
+        else:
+            raise ApiError(404, "Not Found")
+
+    @staticmethod
+    def _only(method: str, allowed: str) -> None:
+        if method != allowed:
+            raise ApiError(405, "Method Not Allowed")
+
+    # ------------------------------------------------------------ models
+
+    def _model_card(self, name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": self.created, "owned_by": OWNER}
+
+    def _llm_models(self) -> list[str]:
+        """Ready models that take text_input (BYTES) and give text_output: the vLLM contract."""
+        names = []
+        for entry in self.server.repository_index(ready_only=True):
+            name = entry["name"]
+            if name in names:
+                continue
+            try:
+                meta = self.server.model_metadata(name)
+            except NaiadError:
+                continue
+            inputs = {t["name"]: t["datatype"] for t in meta["inputs"]}
+            outputs = {t["name"] for t in meta["outputs"]}
+            if inputs.get("text_input") == "BYTES" and "text_output" in outputs:
+                names.append(name)
+        return names
+
+    # ------------------------------------------------------------ generation
+
+    async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, chat: bool) -> None:
+        config = self.server.config
+        body = await read_body(receive, RequestHeaders.from_scope(scope), config.http_max_input_size,
+                               config.http_body_timeout_secs)
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+        try:
+            request = parse_chat(doc) if chat else parse_completion(doc)
+        except RequestError as exc:
+            raise ApiError(400, str(exc)) from None
+        if request.model not in self._llm_models():
+            raise ApiError(400, f"Unknown model: {request.model}")
+        prompt = self._chat_prompt(request) if chat else request.prompt
+        assert prompt is not None
+        inputs = self._input_names(request.model)
+        ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        streams = [self._choice(request, prompt, inputs, i) for i in range(request.n)]
+        merged = _merge(streams)
+        # Errors before the first response are ordinary JSON errors with a status.
+        try:
+            first = await _with_disconnect(anext(merged, None), receive)
+        except NaiadError as exc:
+            await merged.aclose()
+            raise ApiError(_status(exc), exc.message) from None
+        except ClientDisconnected:
+            await merged.aclose()
+            return
+        writer = _ChatWriter(ident, request) if chat else _CompletionWriter(ident, request, prompt)
+        if request.stream:
+            await self._stream(send, receive, first, merged, writer)
+        else:
+            await self._single(send, receive, first, merged, writer)
+
+    def _chat_prompt(self, request: GenerationRequest) -> str:
+        try:
+            prompt = self.server.apply_chat_template(request.model, request.messages, request.add_generation_prompt)
+        except NaiadError as exc:
+            raise ApiError(400 if exc.code is not ErrorCode.NOT_FOUND else 404, exc.message) from None
+        except Exception as exc:  # a template error (jinja) is the request's problem
+            raise ApiError(400, f"the chat template failed: {exc}") from None
+        if prompt is None:
+            raise ApiError(400, f"model '{request.model}' has no tokenizer chat template; use /v1/completions")
+        return prompt
+
+    def _input_names(self, model: str) -> set[str]:
+        return {t["name"] for t in self.server.model_metadata(model)["inputs"]}
+
+    async def _choice(self, request: GenerationRequest, prompt: str, inputs: set[str], index: int) -> AsyncIterator[Piece]:
+        sampling = dict(request.sampling)
+        if index and "seed" in sampling:
+            sampling["seed"] = int(sampling["seed"]) + index  # n choices from one seed must differ
+        tensors = [_bytes("text_input", prompt), _bool("stream", True), _bytes("sampling_parameters", json.dumps(sampling))]
+        tensors.append(_bool("exclude_input_in_output", True))
+        tensors.extend(_bool(flag, True) for flag in _RETURN_FLAGS if flag in inputs)
+        infer = InferenceRequest(model_name=request.model, model_version="",
+                                 inputs=[t for t in tensors if t.name in inputs])
+        prompt_tokens = 0
+        async for response, final in self.server.infer_stream(infer):
+            text, reason, out_tokens = "", None, 0
+            if response is not None:
+                outputs = {o.name: o.data for o in response.outputs if o.data is not None}
+                text = _first_text(outputs.get("text_output"))
+                reason = _first_text(outputs.get("finish_reason")) or None
+                if "num_input_tokens" in outputs:
+                    prompt_tokens = int(np.asarray(outputs["num_input_tokens"]).ravel()[0])
+                if "num_output_tokens" in outputs:
+                    out_tokens = int(np.asarray(outputs["num_output_tokens"]).sum())
+            yield Piece(index, text, reason if final else None, prompt_tokens, out_tokens, final)
+
+    async def _single(self, send: Send, receive: Receive, first: Piece | None, rest: AsyncIterator[Piece], writer) -> None:
+        async def collect() -> list[Piece]:
+            pieces = [first] if first is not None else []
+            async for piece in rest:
+                pieces.append(piece)
+            return pieces
+
+        try:
+            pieces = await _with_disconnect(collect(), receive)
+        except ClientDisconnected:
+            return
+        except NaiadError as exc:
+            raise ApiError(_status(exc), exc.message) from None
+        finally:
+            await rest.aclose()
+        await _send_json(send, 200, orjson.dumps(writer.whole(pieces)))
+
+    async def _stream(self, send: Send, receive: Receive, first: Piece | None, rest: AsyncIterator[Piece], writer) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", EVENT_STREAM), (b"cache-control", b"no-cache")]})
+
+        async def pump() -> None:
+            for chunk in writer.opening():
+                await _event(send, chunk)
+            if first is not None:
+                for chunk in writer.chunks(first):
+                    await _event(send, chunk)
+            async for piece in rest:
+                for chunk in writer.chunks(piece):
+                    await _event(send, chunk)
+            for chunk in writer.closing():
+                await _event(send, chunk)
+
+        try:
+            await _with_disconnect(pump(), receive)
+        except ClientDisconnected:
+            return
+        except NaiadError as exc:  # after streaming began: an error event, status stays 200
+            await _event(send, {"error": {"message": exc.message, "type": "server_error", "code": _status(exc)}})
+        finally:
+            await rest.aclose()
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _event(send: Send, doc: dict[str, Any]) -> None:
+    await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(doc) + b"\n\n", "more_body": True})
+
+
+async def _with_disconnect(awaitable: Awaitable[Any], receive: Receive) -> Any:
+    """Await `awaitable`; if the client disconnects first, cancel it (freeing the model's slot) and raise."""
+    work = asyncio.ensure_future(awaitable)
+    watcher = asyncio.ensure_future(_wait_disconnect(receive))
+    try:
+        done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if work in done:
+            return work.result()
+        work.cancel()
+        with contextlib.suppress(BaseException):
+            await work
+        raise ClientDisconnected()
+    finally:
+        watcher.cancel()
+        if not work.done():
+            work.cancel()
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+async def _merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[Piece]:
+    """Interleave the n choices' pieces as they arrive; closing this closes (cancels) them all."""
+    if len(streams) == 1:
+        try:
+            async for piece in streams[0]:
+                yield piece
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue[Piece | BaseException | None] = asyncio.Queue()
+
+    async def drain(stream: AsyncIterator[Piece]) -> None:
+        try:
+            async for piece in stream:
+                await queue.put(piece)
+        except BaseException as exc:  # handed to the consumer
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(drain(s)) for s in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+
+def _status(exc: NaiadError) -> int:
+    return 400 if exc.code in (ErrorCode.INVALID_ARG, ErrorCode.NOT_FOUND) else exc.code.http_status
+
+
+def _first_text(array: Any) -> str:
+    if array is None or np.asarray(array).size == 0:
+        return ""
+    value = np.asarray(array).ravel()[0]
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _bytes(name: str, value: str) -> InferInput:
+    array = np.empty(1, dtype=np.object_)
+    array[0] = value.encode("utf-8")
+    return InferInput(name, "BYTES", (1,), array)
+
+
+def _bool(name: str, value: bool) -> InferInput:
+    return InferInput(name, "BOOL", (1,), np.array([value], dtype=np.bool_))
+
+
+class _Usage:
+    def __init__(self, n: int) -> None:
+        self.prompt = 0
+        self.completion = [0] * n
+
+    def add(self, piece: Piece) -> None:
+        self.prompt = max(self.prompt, piece.prompt_tokens)
+        self.completion[piece.index] += piece.output_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        done = sum(self.completion)
+        return {"prompt_tokens": self.prompt, "completion_tokens": done, "total_tokens": self.prompt + done}
+
+
+class _CompletionWriter:
+    """text_completion objects and chunks."""
+
+    def __init__(self, ident: str, request: GenerationRequest, prompt: str) -> None:
+        self.ident, self.request, self.prompt = ident, request, prompt
+        self.created = int(time.time())
+        self.usage = _Usage(request.n)
+
+    def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.ident, "object": "text_completion", "created": self.created, "model": self.request.model,
+                "choices": choices}
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        texts = [self.prompt if self.request.echo else "" for _ in range(self.request.n)]
+        reasons: list[str | None] = [None] * self.request.n
+        for piece in pieces:
+            texts[piece.index] += piece.text
+            reasons[piece.index] = piece.finish_reason or reasons[piece.index]
+            self.usage.add(piece)
+        doc = self._base([{"index": i, "text": texts[i], "finish_reason": reasons[i] or "stop", "logprobs": None}
+                          for i in range(self.request.n)])
+        doc["usage"] = self.usage.as_dict()
+        return doc
+
+    def opening(self) -> list[dict[str, Any]]:
+        if not self.request.echo:
+            return []
+        return [self._base([{"index": i, "text": self.prompt, "finish_reason": None, "logprobs": None}])
+                for i in range(self.request.n)]
+
+    def chunks(self, piece: Piece) -> list[dict[str, Any]]:
+        self.usage.add(piece)
+        if not piece.text and not piece.final:
+            return []
+        reason = (piece.finish_reason or "stop") if piece.final else None
+        return [self._base([{"index": piece.index, "text": piece.text, "finish_reason": reason, "logprobs": None}])]
+
+    def closing(self) -> list[dict[str, Any]]:
+        if not self.request.include_usage:
+            return []
+        doc = self._base([])
+        doc["usage"] = self.usage.as_dict()
+        return [doc]
+
+
+class _ChatWriter:
+    """chat.completion objects and chat.completion.chunk chunks (first delta carries the role)."""
+
+    def __init__(self, ident: str, request: GenerationRequest) -> None:
+        self.ident, self.request = ident, request
+        self.created = int(time.time())
+        self.usage = _Usage(request.n)
+
+    def _base(self, kind: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.ident, "object": kind, "created": self.created, "model": self.request.model,
+                "system_fingerprint": None, "choices": choices}
+
+    def whole(self, pieces: list[Piece]) -> dict[str, Any]:
+        texts = [""] * self.request.n
+        reasons: list[str | None] = [None] * self.request.n
+        for piece in pieces:
+            texts[piece.index] += piece.text
+            reasons[piece.index] = piece.finish_reason or reasons[piece.index]
+            self.usage.add(piece)
+        doc = self._base("chat.completion", [
+            {"index": i, "message": {"role": "assistant", "content": texts[i]}, "finish_reason": reasons[i] or "stop",
+             "logprobs": None} for i in range(self.request.n)])
+        doc["usage"] = self.usage.as_dict()
+        return doc
+
+    def opening(self) -> list[dict[str, Any]]:
+        return [self._base("chat.completion.chunk", [
+            {"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None, "logprobs": None}])
+            for i in range(self.request.n)]
+
+    def chunks(self, piece: Piece) -> list[dict[str, Any]]:
+        self.usage.add(piece)
+        out = []
+        if piece.text:
+            out.append(self._base("chat.completion.chunk", [
+                {"index": piece.index, "delta": {"content": piece.text}, "finish_reason": None, "logprobs": None}]))
+        if piece.final:
+            out.append(self._base("chat.completion.chunk", [
+                {"index": piece.index, "delta": {}, "finish_reason": piece.finish_reason or "stop", "logprobs": None}]))
+        return out
+
+    def closing(self) -> list[dict[str, Any]]:
+        if not self.request.include_usage:
+            return []
+        doc = self._base("chat.completion.chunk", [])
+        doc["usage"] = self.usage.as_dict()
+        return [doc]

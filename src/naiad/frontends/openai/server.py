@@ -1,0 +1,25 @@
+"""OpenAIFrontend: the /v1 API alone on its own port (--openai-port), uvicorn inside the caller's loop."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from naiad.frontends.openai.app import OpenAIApp
+from naiad.frontends.uvicorn_embed import UvicornRunner
+
+if TYPE_CHECKING:
+    from naiad.core.server import Server
+
+
+class OpenAIFrontend:
+    def __init__(self, server: Server, host: str, port: int) -> None:
+        self.server = server
+        self.app = OpenAIApp(server)
+        self._runner = UvicornRunner(self.app, host, port, "naiad-openai", http="httptools", ws="none",
+                                     interface="asgi3", timeout_graceful_shutdown=max(1, int(server.config.exit_timeout_secs)))
+
+    async def start(self) -> int:
+        return await self._runner.start()
+
+    async def stop(self) -> None:
+        await self._runner.stop()

@@ -1,0 +1,222 @@
+"""The transformers backend behind the real server: generate, generate_stream and the OpenAI API (openai client)."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+openai = pytest.importorskip("openai")
+
+from tests.support.servers import start_server  # noqa: E402
+from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
+
+MODEL = "tiny_llm"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llm")
+    hf = build_tiny_llm(root / "hf")
+    repo = write_llm_repository(root / "repo", hf)
+    with start_server(repo, "--openai-port", "0", timeout=120) as running:
+        line = next(l for l in running.output if l.startswith("NAIAD_READY "))
+        running.openai_port = json.loads(line.split(" ", 1)[1])["openai_port"]
+        yield running
+
+
+def _post(url: str, doc: dict) -> tuple[int, bytes]:
+    request = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _metrics(server) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as reply:
+        return reply.read().decode()
+
+
+def _metric(text: str, name: str, **labels: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def _client(server, openai_port: bool = False):
+    port = server.openai_port if openai_port else server.http_port
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_generate_and_generate_stream(server):
+    base = f"http://{server.http_url}/v2/models/{MODEL}"
+    params = {"temperature": 0, "max_tokens": 12, "ignore_eos": True}
+    status, body = _post(base + "/generate", {"text_input": "hello world", "parameters": params})
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["model_name"] == MODEL and doc["text_output"].startswith("hello world")
+    status, body = _post(base + "/generate_stream", {"text_input": "hello world", "stream": True, "parameters": params})
+    assert status == 200
+    events = [json.loads(e[len("data: "):]) for e in body.decode().split("\n\n") if e.startswith("data: ")]
+    assert len(events) > 1
+    assert "".join(e["text_output"] for e in events) == doc["text_output"][len("hello world"):]
+    status, body = _post(base + "/generate", {"text_input": "x", "parameters": {"best_of": 3}})
+    assert status == 400 and b"best_of" in body
+
+
+def test_openai_completions(server):
+    client = _client(server)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    whole = client.completions.create(model=MODEL, prompt="hello", max_tokens=10, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    choice = whole.choices[0]
+    assert choice.finish_reason == "length"
+    assert whole.usage.completion_tokens == 10 and whole.usage.prompt_tokens > 0
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 10
+    chunks = list(client.completions.create(model=MODEL, prompt="hello", max_tokens=10, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert chunks[-1].usage.completion_tokens == 10
+    echo = client.completions.create(model=MODEL, prompt="hello", max_tokens=10, temperature=0, echo=True,
+                                      extra_body={"ignore_eos": True})
+    assert echo.choices[0].text == "hello" + choice.text
+
+
+def test_openai_chat_on_both_ports(server):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi there"}]
+    results = []
+    for port_flag in (False, True):
+        client = _client(server, openai_port=port_flag)
+        whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0, n=2,
+                                               extra_body={"ignore_eos": True})
+        assert [c.index for c in whole.choices] == [0, 1]
+        assert whole.choices[0].message.role == "assistant"
+        assert whole.usage.completion_tokens == 16
+        results.append(whole.choices[0].message.content)
+        stream = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8, temperature=0,
+                                                     stream=True, extra_body={"ignore_eos": True}))
+        assert stream[0].choices[0].delta.role == "assistant"
+        assert stream[-1].choices[0].finish_reason == "length"
+        assert "".join(c.choices[0].delta.content or "" for c in stream) == whole.choices[0].message.content
+    assert results[0] == results[1]
+
+
+def test_raw_sse_ends_with_done(server):
+    status, body = _post(f"http://{server.http_url}/v1/chat/completions",
+                         {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 3, "stream": True})
+    assert status == 200
+    assert body.endswith(b"data: [DONE]\n\n")
+
+
+def test_stop_strings_and_seeds(server):
+    client = _client(server)
+    kw = {"model": MODEL, "prompt": "the quick", "max_tokens": 30, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    full = client.completions.create(**kw).choices[0].text
+    assert len(full) > 10
+    stop = full[6:9]
+    cut = client.completions.create(stop=[stop], **kw).choices[0]
+    assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
+    streamed = client.completions.create(stop=stop, stream=True, **kw)
+    assert "".join(c.choices[0].text for c in streamed) == cut.text
+    sampled = {"model": MODEL, "prompt": "the quick", "max_tokens": 20, "temperature": 1.0, "top_p": 0.9,
+               "extra_body": {"ignore_eos": True}}
+    first = client.completions.create(seed=11, **sampled).choices[0].text
+    assert client.completions.create(seed=11, **sampled).choices[0].text == first
+    assert client.completions.create(seed=12, **sampled).choices[0].text != first
+
+
+def test_openai_errors(server):
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError, match="suffix"):
+        client.completions.create(model=MODEL, prompt="x", suffix="y")
+    with pytest.raises(openai.BadRequestError, match="Unknown model"):
+        client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError, match="tools"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
+                                       tools=[{"type": "function", "function": {"name": "f"}}])
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+
+
+def test_disconnect_frees_the_slot(server):
+    before = _metric(_metrics(server), "naiad_llm_requests_finished_total", reason="cancelled")
+    body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1800, "stream": True, "temperature": 0,
+                       "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    received = b""
+    while b'"text"' not in received:
+        received += sock.recv(65536)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = _metrics(server)
+        if _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") > before:
+            break
+        time.sleep(0.02)
+    assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1
+    assert _metric(text, "naiad_llm_num_requests_running") == 0
+
+
+def test_concurrent_streams_share_decode_steps(server):
+    def occupancy() -> tuple[float, float]:
+        text = _metrics(server)
+        return (_metric(text, "naiad_llm_decode_batch_size_count"),
+                _metric(text, "naiad_llm_decode_batch_size_bucket", le="1"))
+
+    steps_before, single_before = occupancy()
+    client = _client(server)
+    outputs: dict[int, str] = {}
+
+    def run(i: int) -> None:
+        chunks = client.completions.create(model=MODEL, prompt=f"stream {i}", max_tokens=60, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        outputs[i] = "".join(c.choices[0].text for c in chunks)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(outputs) == 8
+    steps_after, single_after = occupancy()
+    assert steps_after - steps_before > single_after - single_before  # some decode steps ran > 1 sequence
+    text = _metrics(server)
+    assert _metric(text, "naiad_llm_time_to_first_token_seconds_count") > 0
+    assert _metric(text, "naiad_llm_kv_cache_budget_bytes") > 0
+    assert re.search(r'naiad_llm_generation_tokens_total\{model="tiny_llm",version="1"\} \d+', text)
+
+
+def test_generate_stream_disconnect_cancels_the_request(server):
+    before = _metric(_metrics(server), "naiad_llm_requests_finished_total", reason="cancelled")
+    body = json.dumps({"text_input": "hello", "stream": True,
+                       "sampling_parameters": json.dumps({"max_tokens": 1800, "ignore_eos": True, "temperature": 0})}).encode()
+    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
+    sock.sendall(f"POST /v2/models/{MODEL}/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    received = b""
+    while b"text_output" not in received:
+        received += sock.recv(65536)
+    sock.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        text = _metrics(server)
+        if _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") > before:
+            break
+        time.sleep(0.02)
+    assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1

@@ -1,0 +1,259 @@
+"""The transformers backend: continuous batching engine, sampling, stop strings, KV budget, auto-complete."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import numpy as np  # noqa: E402
+from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
+
+from naiad.backends.base import BackendRequest  # noqa: E402
+from naiad.backends.transformers_backend.backend import TransformersBackend, read_model_json  # noqa: E402
+from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, SequenceOutput  # noqa: E402
+from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling  # noqa: E402
+from naiad.backends.transformers_backend.text import TextStream  # noqa: E402
+from naiad.config.model_config import ConfigError  # noqa: E402
+from tests.support.tiny_llm import build_tiny_llm  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory) -> Path:
+    return build_tiny_llm(tmp_path_factory.mktemp("llm") / "hf", positions=512)
+
+
+@pytest.fixture(scope="module")
+def loaded(hf_dir):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(hf_dir).eval(), AutoTokenizer.from_pretrained(hf_dir), torch.device("cpu")
+
+
+def _engine(loaded, **kw) -> Engine:
+    model, tokenizer, device = loaded
+    options = {"kv_cache_bytes": 64 << 20, "max_num_seqs": 16, "max_model_len": 512} | kw
+    return Engine(model, tokenizer, device=device, **options)
+
+
+async def _generate(engine: Engine, prompt: str, cancel_after: int | None = None, **sampling) -> tuple[str, str | None, int]:
+    done = asyncio.get_running_loop().create_future()
+    parts: list[str] = []
+    state = {"n": 0, "cancel": False}
+
+    def emit(out: SequenceOutput) -> None:
+        parts.append(out.text)
+        state["n"] += 1
+        if cancel_after is not None and state["n"] >= cancel_after:
+            state["cancel"] = True
+        if out.finished and not done.done():
+            done.set_result((out.finish_reason, out.output_tokens))
+
+    seq = Sequence(engine.tokenize(prompt), parse_sampling(sampling, strict=True), emit, lambda: state["cancel"])
+    engine.add(seq)
+    if cancel_after is not None:
+        while not state["cancel"]:
+            await asyncio.sleep(0.001)
+        for _ in range(200):
+            if seq not in engine.running:
+                return "".join(parts), "cancelled", len(seq.generated)
+            await asyncio.sleep(0.001)
+        raise AssertionError("cancelled sequence still running")
+    reason, count = await asyncio.wait_for(done, 30)
+    return "".join(parts), reason, count
+
+
+def test_batched_decoding_matches_one_at_a_time(loaded):
+    prompts = ["hello world", "the quick brown fox jumps", "a", "numbers 0 1 2 3 4 5 6 7 8 9 and more words"]
+
+    async def run():
+        engine = _engine(loaded)
+        try:
+            alone = [await _generate(engine, p, max_tokens=24, temperature=0, ignore_eos=True) for p in prompts]
+            assert engine.stats.max_decode_batch == 1
+            together = await asyncio.gather(*(_generate(engine, p, max_tokens=24, temperature=0, ignore_eos=True)
+                                              for p in prompts))
+            return alone, together, engine.stats
+        finally:
+            await engine.close()
+
+    alone, together, stats = asyncio.run(run())
+    assert together == alone
+    assert all(reason == "length" and count == 24 for _, reason, count in alone)
+    assert stats.max_decode_batch == len(prompts)  # all four shared decode steps
+    assert stats.running == 0 and stats.kv_reserved_bytes == 0
+
+
+def test_seeded_sampling_is_reproducible(loaded):
+    async def run():
+        engine = _engine(loaded)
+        try:
+            kw = {"max_tokens": 20, "temperature": 1.0, "top_p": 0.95, "top_k": 50, "ignore_eos": True}
+            a = await _generate(engine, "hello", seed=7, **kw)
+            b, c = await asyncio.gather(_generate(engine, "hello", seed=7, **kw), _generate(engine, "other", seed=1, **kw))
+            d = await _generate(engine, "hello", seed=8, **kw)
+            return a, b, d
+        finally:
+            await engine.close()
+
+    a, b, d = asyncio.run(run())
+    assert a == b
+    assert a != d
+
+
+def test_cancelled_sequence_leaves_within_one_step(loaded):
+    async def run():
+        engine = _engine(loaded)
+        try:
+            text, reason, generated = await _generate(engine, "hello", cancel_after=3, max_tokens=400,
+                                                      temperature=0, ignore_eos=True)
+            return reason, generated, engine.stats
+        finally:
+            await engine.close()
+
+    reason, generated, stats = asyncio.run(run())
+    assert reason == "cancelled"
+    assert generated <= 5
+    assert stats.finished.get("cancelled") == 1 and stats.running == 0
+
+
+def test_kv_budget_queues_and_refuses(loaded):
+    async def run():
+        probe = _engine(loaded)
+        per_token = probe.bytes_per_token
+        await probe.close()
+        engine = _engine(loaded, kv_cache_bytes=per_token * 60)
+        try:
+            with pytest.raises(EngineError, match="KV cache"):
+                engine.add(Sequence(engine.tokenize("hello"), parse_sampling({"max_tokens": 100}, True), lambda o: None))
+            first = asyncio.ensure_future(_generate(engine, "hello", max_tokens=40, temperature=0, ignore_eos=True))
+            second = asyncio.ensure_future(_generate(engine, "world", max_tokens=40, temperature=0, ignore_eos=True))
+            await asyncio.sleep(0)
+            waited = engine.stats.waiting
+            results = await asyncio.gather(first, second)
+            return waited, results, engine.stats
+        finally:
+            await engine.close()
+
+    waited, results, stats = asyncio.run(run())
+    assert waited >= 1
+    assert [r[1] for r in results] == ["length", "length"]
+    assert stats.max_decode_batch == 1  # the budget never let both run at once
+
+
+def test_stop_string_cuts_the_text(loaded):
+    async def run():
+        engine = _engine(loaded)
+        try:
+            full, _, _ = await _generate(engine, "hello", max_tokens=30, temperature=0, ignore_eos=True)
+            stop = full[5:8]
+            cut = await _generate(engine, "hello", max_tokens=30, temperature=0, ignore_eos=True, stop=[stop])
+            kept = await _generate(engine, "hello", max_tokens=30, temperature=0, ignore_eos=True, stop=stop,
+                                   include_stop_str_in_output=True)
+            return full, stop, cut, kept
+        finally:
+            await engine.close()
+
+    full, stop, cut, kept = asyncio.run(run())
+    assert len(full) > 8
+    index = full.find(stop)
+    assert cut[0] == full[:index] and cut[1] == "stop"
+    assert kept[0] == full[:index + len(stop)]
+
+
+class _CharTokenizer:
+    def decode(self, ids, skip_special_tokens=True, clean_up_tokenization_spaces=False):
+        return "".join(chr(i) for i in ids)
+
+
+def test_text_stream_holds_back_a_possible_stop_prefix():
+    stream = TextStream(_CharTokenizer(), ["END"], include_stop=False, skip_special_tokens=True)
+    pieces = []
+    for ch in "abEx E":
+        stream.add(ord(ch))
+        pieces.append(stream.take(False))
+    assert "".join(pieces) == "abEx "  # the final "E" may start "END": held
+    stream.add(ord("N"))
+    assert stream.take(False) == ""
+    stream.add(ord("D"))
+    assert stream.stopped and stream.take(True) == ""
+    assert stream.text == "abEx "
+
+
+def test_sampling_parameters_are_checked():
+    assert parse_sampling({"temperature": 0, "max_tokens": "5", "stop": "x", "ignore_eos": "true"}, True).max_tokens == 5
+    with pytest.raises(SamplingError, match="unknown sampling parameter 'bogus'"):
+        parse_sampling({"bogus": 1}, strict=True)
+    assert parse_sampling({"bogus": 1}, strict=False).max_tokens == 16
+    with pytest.raises(SamplingError, match="logprobs"):
+        parse_sampling({"logprobs": 3}, strict=True)
+    with pytest.raises(SamplingError, match="top_p"):
+        parse_sampling({"top_p": 0}, strict=True)
+    with pytest.raises(SamplingError, match="max_tokens"):
+        parse_sampling({"max_tokens": 0}, strict=True)
+
+
+def test_auto_complete_fills_the_vllm_contract():
+    config = mc.ModelConfig(name="m", backend="transformers")
+    TransformersBackend().auto_complete_config(config, Path("."), 4)
+    assert config.model_transaction_policy.decoupled
+    assert config.max_batch_size == 0
+    names = {t.name: (t.data_type, list(t.dims), t.optional) for t in config.input}
+    assert names["text_input"] == (mc.TYPE_STRING, [1], False)
+    assert names["stream"] == (mc.TYPE_BOOL, [1], True)
+    assert names["sampling_parameters"][2] and names["exclude_input_in_output"][2]
+    assert {t.name for t in config.output} >= {"text_output", "finish_reason"}
+
+
+def test_model_json_errors_name_the_file(tmp_path):
+    with pytest.raises(ConfigError, match="model.json"):
+        read_model_json(tmp_path)
+    (tmp_path / "model.json").write_text('{"model": "nowhere"}')
+    with pytest.raises(ConfigError, match="not a directory"):
+        read_model_json(tmp_path)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "model.json").write_text('{"model": "hf", "gpu_memory_utilization": 0.5}')
+    assert read_model_json(tmp_path)["model"] == str((tmp_path / "hf").resolve())
+
+
+def test_instance_streams_and_refuses_bad_requests(loaded, hf_dir, tmp_path):
+    from naiad.backends.transformers_backend.backend import TransformersInstance
+    from naiad.backends.base import ModelSource
+
+    def text(value: str) -> np.ndarray:
+        array = np.empty(1, dtype=np.object_)
+        array[0] = value.encode()
+        return array
+
+    async def run():
+        engine = _engine(loaded)
+        config = mc.ModelConfig(name="m")
+        instance = TransformersInstance("m_0", engine, ModelSource(config, 1, tmp_path, tmp_path, tmp_path))
+        got: dict[int, list] = {0: [], 1: [], 2: []}
+        requests = [
+            BackendRequest({"text_input": text("hello"), "stream": np.array([True])}, [],
+                           parameters={"max_tokens": 4, "temperature": 0, "ignore_eos": True}),
+            BackendRequest({"text_input": text("hello"), "return_finish_reason": np.array([True])}, [],
+                           parameters={"max_tokens": 4, "temperature": 0, "ignore_eos": True}),
+            BackendRequest({"text_input": text("x"), "sampling_parameters": text('{"nope": 1}')}, []),
+        ]
+        await instance.execute_requests(requests, lambda i, r: got[i].append(r))
+        for _ in range(3000):
+            if all(got[i] and got[i][-1].final for i in got):
+                break
+            await asyncio.sleep(0.001)
+        await instance.aclose()
+        return got
+
+    got = asyncio.run(run())
+    streamed = "".join(r.outputs["text_output"][0].decode() for r in got[0] if r.outputs)
+    assert got[0][-1].final and len(got[1]) == 1
+    whole = got[1][0].outputs["text_output"][0].decode()
+    assert whole == "hello" + streamed  # not streaming: the prompt is prepended
+    assert got[1][0].outputs["finish_reason"][0] == b"length"
+    assert "unknown sampling parameter 'nope'" in got[2][0].error.message
