@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -58,6 +59,17 @@ class ModelRecord:
 
     def healthy(self) -> bool:
         return all(m.healthy() for m in self.ready().values())
+
+
+def _directory_bytes(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                continue
+    return total
 
 
 def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
@@ -250,10 +262,13 @@ class ModelLifecycle:
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
                 model = ModelVersion(prepared.config, version, model_dir, instances, self.services)
                 model.stats.load_duration_secs = time.monotonic() - started
-                # Measured, not guessed: what this process grew by, plus worker processes' own memory.
-                model.memory_bytes = max(rss_bytes() - rss_before, 0) + sum(
+                # Measured: what this process grew by, plus worker processes' own memory. Freed memory
+                # of evicted models is reused without RSS growing, so the version's files (weights are
+                # resident once loaded) are the floor of the measurement.
+                measured = max(rss_bytes() - rss_before, 0) + sum(
                     inst.memory_bytes() for inst in instances if hasattr(inst, "memory_bytes")
                 )
+                model.memory_bytes = max(measured, _directory_bytes(prepared.versions[version]))
                 new_versions[version] = model
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
                 failed[version] = str(exc) or type(exc).__name__
