@@ -10,6 +10,10 @@ from naiad.backends.base import Backend
 _BUILTIN = {
     "onnxruntime": "naiad.backends.onnxruntime_backend:OnnxRuntimeBackend",
     "python": "naiad.backends.python.backend:PythonBackend",
+    "pytorch": "naiad.backends.pytorch_backend:PyTorchBackend",
+    "fil": "naiad.backends.fil_backend:FilBackend",
+    "openvino": "naiad.backends.openvino_backend:OpenVinoBackend",
+    "tensorflow": "naiad.backends.tensorflow_backend:TensorFlowBackend",
     "transformers": "naiad.backends.transformers_backend.backend:TransformersBackend",
 }
 

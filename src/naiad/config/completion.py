@@ -48,6 +48,12 @@ _DETECTION = [
     ("model.xml", "openvino", ""),
     ("model.pt", "pytorch", "pytorch_libtorch"),
     ("model.pt2", "pytorch", "torch_aoti"),
+    # FIL's default file names (model_type picks one; the backend reads it from the file name otherwise).
+    ("xgboost.ubj", "fil", ""),
+    ("xgboost.json", "fil", ""),
+    ("xgboost.model", "fil", ""),
+    ("checkpoint.tl", "fil", ""),
+    ("model.txt", "fil", ""),
 ]
 
 
