@@ -20,6 +20,7 @@ from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
+from naiad.core.model_warmup import warm_up
 from naiad.protocol.model_names import check_model_name
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
 from naiad.core.model_residency import ResidencyManager
@@ -261,6 +262,12 @@ class ModelLifecycle:
                 started, rss_before = time.monotonic(), rss_bytes()
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
                 model = ModelVersion(prepared.config, version, model_dir, instances, self.services)
+                if prepared.config.model_warmup:
+                    try:
+                        await warm_up(model, model_dir)
+                    except ConfigError:
+                        await model.close()
+                        raise
                 model.stats.load_duration_secs = time.monotonic() - started
                 # Measured: what this process grew by, plus worker processes' own memory. Freed memory
                 # of evicted models is reused without RSS growing, so the version's files (weights are
