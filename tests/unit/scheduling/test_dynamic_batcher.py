@@ -184,7 +184,10 @@ def test_delay_action_batches_expired_requests_last():
         first = asyncio.create_task(batcher.enqueue(_item(0)))
         await asyncio.sleep(0.02)
         late = asyncio.create_task(batcher.enqueue(_item(1)))
-        await asyncio.sleep(0.1)  # item 1 timed out -> delayed
+        for _ in range(1000):  # until item 1's timer fired and moved it to the delayed list
+            if any(level.delayed for level in batcher._levels):
+                break
+            await asyncio.sleep(0.005)
         fresh = asyncio.create_task(batcher.enqueue(_item(2)))
         await asyncio.sleep(0.01)
         rec.gate.set()
