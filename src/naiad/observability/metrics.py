@@ -87,7 +87,15 @@ class MetricsCollector:
                     histogram.add({**labels, "le": le}, cumulative, "_bucket")
                 histogram.add(labels, total_ms, "_sum")
                 histogram.add(labels, observations, "_count")
-        families = [success, failure, count, execs, pending, load]
+        closed = Family("naiad_batches_closed", "counter", "Dynamic-batcher batches by what closed them")
+        sizes = Family("naiad_batch_size_executions", "counter", "Executions per executed batch size")
+        for item in series:
+            labels = {"model": item.stats.name, "version": item.stats.version}
+            for reason, value in sorted(item.stats.batches_closed.items()):
+                closed.add({**labels, "reason": reason}, value)
+            for size, value in sorted(item.stats.batch_sizes().items()):
+                sizes.add({**labels, "batch_size": str(size)}, value)
+        families = [success, failure, count, execs, pending, load, closed, sizes]
         if self._settings.counter_latencies:
             families += durations
         if self._settings.histogram_latencies:

@@ -40,6 +40,9 @@ class ModelStatistics:
         self.name = name
         self.version = version
         self.failures = {reason: 0 for reason in FAILURE_REASONS}
+        # How the dynamic batcher closed each batch: preferred size, max size, queue delay, no
+        # delay configured, or an idle instance taking a lone request straight away.
+        self.batches_closed: dict[str, int] = {}
         self.load_duration_secs = 0.0
         self.first_response_buckets_ms = tuple(sorted(first_response_buckets_ms))
         self.first_response_counts = [0] * (len(self.first_response_buckets_ms) + 1)
@@ -80,6 +83,15 @@ class ModelStatistics:
                 total += count
                 cumulative.append((bound, total))
             return cumulative, self.first_response_sum_ms, total
+
+    def record_batch_closed(self, reason: str) -> None:
+        with self._lock:
+            self.batches_closed[reason] = self.batches_closed.get(reason, 0) + 1
+
+    def batch_sizes(self) -> dict[int, int]:
+        """Executions per batch size."""
+        with self._lock:
+            return {size: b.compute_infer.count for size, b in self._batches.items()}
 
     def record_cache(self, hit: bool, ns: int) -> None:
         with self._lock:

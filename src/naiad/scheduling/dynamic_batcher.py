@@ -49,6 +49,7 @@ class DynamicBatcher:
         if self._delay_ns == 0 and not self._preserve_ordering and self.pending() == 0:
             instance = self._pool.try_acquire()
             if instance is not None:
+                self._close("idle_instance")
                 # Nothing queued and an instance idle: run now, without a hop through the batching loop.
                 self._inflight += 1
                 try:
@@ -97,6 +98,9 @@ class DynamicBatcher:
             level.delayed.append(item)
         else:
             item.fail(unavailable(TIMEOUT_MESSAGE))
+
+    def _close(self, reason: str) -> None:
+        self._stats.record_batch_closed(reason)
 
     def inflight(self) -> int:
         return self._inflight
@@ -149,11 +153,15 @@ class DynamicBatcher:
                 continue
             cut = self._preferred_cut(items)
             if cut:
+                rows = sum(it.batch_size for it in items[:cut])
+                self._close("max" if rows >= self._max_rows else "preferred")
                 return items[:cut]
             if self._delay_ns == 0:
+                self._close("no_delay")
                 return items
             remaining = items[0].enqueue_ns + self._delay_ns - time.perf_counter_ns()
             if remaining <= 0:
+                self._close("delay")
                 return items
             self._arrived.clear()
             with contextlib.suppress(asyncio.TimeoutError):

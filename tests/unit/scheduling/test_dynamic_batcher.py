@@ -249,3 +249,22 @@ def test_cancelled_request_is_not_executed():
 
     batches = run(_with_batcher(_config(), body))
     assert [1.0] not in batches and all(1.0 not in b for b in batches)
+
+
+def test_batches_record_what_closed_them():
+    stats_holder = {}
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))  # idle instance: runs at once
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in (1, 2, 3, 4, 5)]
+        await asyncio.sleep(0.05)
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        stats_holder["closed"] = dict(batcher._stats.batches_closed)
+        stats_holder["sizes"] = batcher._stats.batch_sizes()
+
+    run(_with_batcher(_config(preferred_batch_size=[2, 4]), body))
+    assert stats_holder["closed"] == {"idle_instance": 1, "preferred": 1, "no_delay": 1}
+    assert stats_holder["sizes"] == {1: 2, 4: 1}
