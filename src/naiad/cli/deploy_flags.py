@@ -7,6 +7,8 @@ import argparse
 from collections.abc import Mapping
 from typing import Any
 
+from naiad.cli.arg_types import parse_bool
+
 # Environment variables the platforms set (read here, at the edge, and nowhere else).
 SAGEMAKER_DEFAULT_MODEL = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
 SAGEMAKER_PING_MODE = "SAGEMAKER_TRITON_PING_MODE"
@@ -17,15 +19,6 @@ AIP_HTTP_PORT = "AIP_HTTP_PORT"
 AIP_HEALTH_ROUTE = "AIP_HEALTH_ROUTE"
 AIP_PREDICT_ROUTE = "AIP_PREDICT_ROUTE"
 AIP_STORAGE_URI = "AIP_STORAGE_URI"
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
 def parse_count(text: str) -> int:

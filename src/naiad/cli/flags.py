@@ -5,17 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from naiad.cli.arg_types import parse_bool
 from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
 from naiad.config.server_config import ServerConfig
-
-
-def parse_bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
 def parse_size(text: str) -> int:

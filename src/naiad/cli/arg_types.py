@@ -1,0 +1,15 @@
+"""Value parsers for command-line flags shared by every flag group."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def parse_bool(text: str) -> bool:
+    """tritonserver's boolean values: true/false, 1/0, yes/no, on/off."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
