@@ -10,6 +10,7 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
+from naiad.config.completion import complete_tensor
 from naiad.config.model_config import ConfigError, parameter
 
 log = logging.getLogger(__name__)
@@ -96,27 +97,7 @@ class OnnxRuntimeBackend:
                 if data_type is None:
                     raise ConfigError(f"ONNX tensor '{tensor.name}' has unsupported type {tensor.type}")
                 dims = _dims(tensor.shape[strip:])
-                existing = declared.get(tensor.name)
-                if existing is None:
-                    entry = field.add()
-                    entry.name = tensor.name
-                    entry.data_type = data_type
-                    if dims:
-                        entry.dims.extend(dims)
-                    else:
-                        entry.dims.append(1)
-                        entry.reshape.SetInParent()
-                    continue
-                if existing.data_type not in (mc.TYPE_INVALID, data_type):
-                    raise ConfigError(
-                        f"unable to load model '{config.name}': configuration expects datatype "
-                        f"{mc.DataType.Name(existing.data_type)} for '{tensor.name}' but the ONNX model has "
-                        f"{mc.DataType.Name(data_type)}"
-                    )
-                if existing.data_type == mc.TYPE_INVALID:
-                    existing.data_type = data_type
-                if not existing.dims and dims:
-                    existing.dims.extend(dims)
+                complete_tensor(config, declared, field, tensor.name, data_type, dims, "ONNX model")
         graph_names = {t.name for t in tensors}
         for tensor in list(config.input) + list(config.output):
             if tensor.name not in graph_names:

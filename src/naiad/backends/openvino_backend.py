@@ -9,6 +9,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
+from naiad.config.completion import complete_tensor
 from naiad.config.model_config import ConfigError, parameter, parse_bool
 
 try:
@@ -104,27 +105,7 @@ class OpenVinoBackend:
             for port in model_ports:
                 name = _port_name(port, set(declared))
                 dims = _dims(port.get_partial_shape())[strip:]
-                existing = declared.get(name)
-                data_type = _config_type(port)
-                if existing is None:
-                    entry = field.add()
-                    entry.name, entry.data_type = name, data_type
-                    if dims:
-                        entry.dims.extend(dims)
-                    else:
-                        entry.dims.append(1)
-                        entry.reshape.SetInParent()
-                    continue
-                if existing.data_type not in (mc.TYPE_INVALID, data_type):
-                    raise ConfigError(
-                        f"unable to load model '{config.name}': configuration expects datatype "
-                        f"{mc.DataType.Name(existing.data_type)} for '{name}' but the OpenVINO model has "
-                        f"{mc.DataType.Name(data_type)}"
-                    )
-                if existing.data_type == mc.TYPE_INVALID:
-                    existing.data_type = data_type
-                if not existing.dims and dims:
-                    existing.dims.extend(dims)
+                complete_tensor(config, declared, field, name, _config_type(port), dims, "OpenVINO model")
         known = {n for p in ports for n in p.get_names()}
         for tensor in list(config.input) + list(config.output):
             if tensor.name not in known:

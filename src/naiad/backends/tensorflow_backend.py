@@ -10,6 +10,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
+from naiad.config.completion import complete_tensor
 from naiad.config.model_config import ConfigError, parameter
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter, unless the user asks for it
@@ -94,26 +95,7 @@ class TensorFlowBackend:
             for key, spec in tensors.items():
                 data_type = _config_type(spec.dtype)
                 dims = _dims(spec.shape)[strip:]
-                existing = declared.get(key)
-                if existing is None:
-                    entry = field.add()
-                    entry.name, entry.data_type = key, data_type
-                    if dims:
-                        entry.dims.extend(dims)
-                    else:
-                        entry.dims.append(1)
-                        entry.reshape.SetInParent()
-                    continue
-                if existing.data_type not in (mc.TYPE_INVALID, data_type):
-                    raise ConfigError(
-                        f"unable to load model '{config.name}': configuration expects datatype "
-                        f"{mc.DataType.Name(existing.data_type)} for '{key}' but the SavedModel signature has "
-                        f"{mc.DataType.Name(data_type)}"
-                    )
-                if existing.data_type == mc.TYPE_INVALID:
-                    existing.data_type = data_type
-                if not existing.dims and dims:
-                    existing.dims.extend(dims)
+                complete_tensor(config, declared, field, key, data_type, dims, "SavedModel signature")
         known = set(inputs) | set(outputs)
         for tensor in list(config.input) + list(config.output):
             if tensor.name not in known:

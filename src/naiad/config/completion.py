@@ -132,3 +132,30 @@ def fill_defaults(config: mc.ModelConfig) -> None:
     if not config.HasField("optimization"):
         config.optimization.input_pinned_memory.enable = True
         config.optimization.output_pinned_memory.enable = True
+
+
+def complete_tensor(config: mc.ModelConfig, declared: dict, field, name: str, data_type: int, dims: list[int], source: str) -> None:
+    """Add a tensor the model file declares to config inputs/outputs, or check and fill the one listed.
+
+    A config value always wins; a datatype that disagrees with the model file is a load error.
+    A rank-0 tensor becomes dims [1] with an empty reshape, as Triton writes scalars.
+    """
+    existing = declared.get(name)
+    if existing is None:
+        entry = field.add()
+        entry.name, entry.data_type = name, data_type
+        if dims:
+            entry.dims.extend(dims)
+        else:
+            entry.dims.append(1)
+            entry.reshape.SetInParent()
+        return
+    if existing.data_type not in (mc.TYPE_INVALID, data_type):
+        raise ConfigError(
+            f"unable to load model '{config.name}': configuration expects datatype "
+            f"{mc.DataType.Name(existing.data_type)} for '{name}' but the {source} has {mc.DataType.Name(data_type)}"
+        )
+    if existing.data_type == mc.TYPE_INVALID:
+        existing.data_type = data_type
+    if not existing.dims and dims:
+        existing.dims.extend(dims)

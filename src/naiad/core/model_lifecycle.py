@@ -246,8 +246,9 @@ class ModelLifecycle:
             prepared: PreparedModel = await loop.run_in_executor(
                 self._executor, prepare_model, name, model_dir, self.settings, self.backends, config_override
             )
-        except (ConfigError, OSError, ValueError) as exc:
-            self._mark_failed(record, model_dir, str(exc))
+        except Exception as exc:  # a config problem, or a backend's own error: the model is UNAVAILABLE, never stuck LOADING
+            message = str(exc) if isinstance(exc, (ConfigError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+            self._mark_failed(record, model_dir, message)
             raise self._load_error(record) from None
         if prepared.config.platform == "ensemble":
             try:
