@@ -76,9 +76,15 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-idle-unload-secs", type=float, default=None, metavar="N",
                         help="unload models that received no request for N seconds")
     parser.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE")
+    parser.add_argument("--backend-directory", default=None, metavar="PATH",
+                        help="Python-based backends: <PATH>/<name>/model.py serves models with backend: \"<name>\"")
     parser.add_argument("--cache-config", action="append", default=[], metavar="local,size=BYTES",
                         help="enable the response cache for models with response_cache { enable: true }")
     parser.add_argument("--response-cache-byte-size", type=int, default=None, help="deprecated: local cache size")
+    parser.add_argument("--rate-limit", choices=["off", "execution_count"], default=d.rate_limit,
+                        help="execution_count: instances execute only when their group's rate limiter resources are free")
+    parser.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
+                        help="copies of a rate limiter resource (device omitted = every device; repeatable)")
     _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
     parser.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
                         help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton, triton,file=PATH, triton,log-frequency=N")
@@ -114,6 +120,17 @@ def _cache_bytes(args: argparse.Namespace) -> int | None:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return size if size is not None else args.response_cache_byte_size
+
+
+def _rate_limit_resources(entries: list[str]) -> list[str]:
+    from naiad.scheduling.rate_limiter import parse_resource_override
+
+    try:
+        for entry in entries:
+            parse_resource_override(entry)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return list(entries)
 
 
 def _metrics_config(entries: list[str]) -> dict[str, str]:
@@ -175,8 +192,11 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         model_memory_budget=args.model_memory_budget,
         model_idle_unload_secs=args.model_idle_unload_secs,
         backend_config=_backend_config(args.backend_config),
+        backend_directory=args.backend_directory,
         allow_client_shm=args.allow_client_shm,
         response_cache_bytes=_cache_bytes(args),
+        rate_limit=args.rate_limit,
+        rate_limit_resources=_rate_limit_resources(args.rate_limit_resource),
         trace_config=_trace_entries(args),
         exit_timeout_secs=args.exit_timeout_secs,
         log_verbose=args.log_verbose,

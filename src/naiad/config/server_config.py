@@ -67,7 +67,10 @@ class ServerConfig:
     model_memory_budget: int | None = None  # bytes; least-recently-used idle models are evicted above it
     model_idle_unload_secs: float | None = None
     backend_config: dict[str, dict[str, str]] = field(default_factory=dict)
+    backend_directory: str | None = None  # --backend-directory: Python-based backends as <dir>/<name>/model.py
     response_cache_bytes: int | None = None  # --cache-config local,size=N
+    rate_limit: str = "off"  # --rate-limit: off | execution_count
+    rate_limit_resources: list[str] = field(default_factory=list)  # --rate-limit-resource <name>:<count>[:<device>]
     # shared memory
     allow_client_shm: bool = True
     trace_config: list[str] = field(default_factory=list)  # --trace-config entries

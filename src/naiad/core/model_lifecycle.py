@@ -20,6 +20,7 @@ from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
 from naiad.core.model_version import ModelVersion
+from naiad.scheduling.rate_limiter import RateLimiter
 from naiad.core.model_warmup import warm_up
 from naiad.protocol.model_names import check_model_name
 from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
@@ -93,8 +94,12 @@ def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
 class ModelLifecycle:
     """All model records of one server; loads run on a bounded thread pool, routing on the loop."""
 
-    def __init__(self, settings: ServerConfig, backends: BackendRegistry, services: ServerServices | None = None) -> None:
+    def __init__(
+        self, settings: ServerConfig, backends: BackendRegistry, services: ServerServices | None = None,
+        rate_limiter: RateLimiter | None = None,
+    ) -> None:
         self.settings = settings
+        self.rate_limiter = rate_limiter
         self.backends = backends
         self.services = services
         self.catalog = RepositoryCatalog(settings.model_repositories)
@@ -262,7 +267,7 @@ class ModelLifecycle:
             try:
                 started, rss_before = time.monotonic(), rss_bytes()
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
-                model = ModelVersion(prepared.config, version, model_dir, instances, self.services)
+                model = ModelVersion(prepared.config, version, model_dir, instances, self.services, self.rate_limiter)
                 if prepared.config.model_warmup:
                     try:
                         await warm_up(model, model_dir)

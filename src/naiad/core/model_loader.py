@@ -77,13 +77,10 @@ def prepare_model(
     if not config.default_model_filename and config.platform != "ensemble":
         config.default_model_filename = default_model_filename(config)
     if not settings.strict_model_config and config.platform != "ensemble":
-        try:
-            backend = backends.get(config.backend)
-        except BackendUnavailable as exc:
-            raise ConfigError(str(exc)) from None
+        backend = _backend(config, settings, backends)
         default_mbs = int(settings.backend_setting(config.backend, "default-max-batch-size", "4") or 4)
         model_file = _model_file(config, model_dir, highest)
-        if model_file.exists():
+        if model_file.exists() or _shared_model_file(backend) is not None:
             backend.auto_complete_config(config, model_file, default_mbs)
     fill_defaults(config)
     fill_instance_groups(config, gpu_count())
@@ -92,6 +89,18 @@ def prepare_model(
         check_ensemble_graph(config, source)
     versions, missing = select_versions(config, available)
     return PreparedModel(config, model_dir, versions, missing)
+
+
+def _backend(config: mc.ModelConfig, settings: ServerConfig, backends: BackendRegistry) -> Backend:
+    try:
+        return backends.get(config.backend, settings.backend_directory)
+    except BackendUnavailable as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _shared_model_file(backend: Backend) -> Path | None:
+    """The model.py a Python-based backend runs for all its models (None for other backends)."""
+    return getattr(backend, "shared_model_file", None)
 
 
 def _model_file(config: mc.ModelConfig, model_dir: Path, version_dir: Path | None) -> Path:
@@ -116,14 +125,17 @@ def instance_source(
     """The backend and the ModelSource its instances are created from."""
     config = prepared.config
     version_dir = prepared.versions[version]
-    model_file = version_dir / config.default_model_filename
-    if not model_file.exists():
-        raise ConfigError(f"unable to find '{model_file}' for model '{config.name}' version {version}")
-    try:
-        backend = backends.get(config.backend)
-    except BackendUnavailable as exc:
-        raise ConfigError(str(exc)) from None
-    source = ModelSource(
-        config, version, prepared.model_dir, version_dir, model_file, settings.backend_config.get(config.backend, {}), server
-    )
+    backend = _backend(config, settings, backends)
+    backend_settings = settings.backend_config.get(config.backend, {})
+    shared = _shared_model_file(backend)
+    if shared is not None:
+        # A Python-based backend: its shared model.py runs; the version directory only holds data
+        # files, and the Python backend's own --backend-config settings apply under the backend's.
+        model_file = shared
+        backend_settings = {**settings.backend_config.get("python", {}), **backend_settings}
+    else:
+        model_file = version_dir / config.default_model_filename
+        if not model_file.exists():
+            raise ConfigError(f"unable to find '{model_file}' for model '{config.name}' version {version}")
+    source = ModelSource(config, version, prepared.model_dir, version_dir, model_file, backend_settings, server)
     return backend, source

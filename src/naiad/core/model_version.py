@@ -10,12 +10,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
+from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import DEFAULT_FIRST_RESPONSE_BUCKETS_MS, ModelStatistics
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.ensemble import EnsembleScheduler
+from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from naiad.scheduling.sequence_batcher import SequenceBatcher
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,8 @@ class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
-        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list, services: ServerServices | None = None
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list, services: ServerServices | None = None,
+        rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -81,7 +84,12 @@ class ModelVersion:
         self._model_dir = model_dir
         self.memory_bytes = 0  # measured at load time
         self.stats = ModelStatistics(self.name, self.version_str, _first_response_buckets(config))
-        self.pool = InstancePool([i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances])
+        pooled = [i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances]
+        if rate_limiter is not None and rate_limiter.enabled and pooled:
+            limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
+            self.pool: InstancePool = rate_limiter.pool(pooled, limits)
+        else:
+            self.pool = InstancePool(pooled)
         self.scheduler = self._make_scheduler(services)
 
     def _make_scheduler(self, services: ServerServices | None) -> Scheduler:

@@ -30,6 +30,7 @@ from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
+from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.server")
 
@@ -63,7 +64,8 @@ class Server:
         self.config = config
         self.shared_memory = SystemSharedMemoryRegistry(enabled=config.allow_client_shm)
         self.backends = BackendRegistry()
-        self.models = ModelLifecycle(config, self.backends, services=self)
+        self.rate_limiter = RateLimiter(config.rate_limit, config.rate_limit_resources)
+        self.models = ModelLifecycle(config, self.backends, services=self, rate_limiter=self.rate_limiter)
         self.response_cache = ResponseCache(config.response_cache_bytes) if config.response_cache_bytes else None
         self.log_settings = LogSettings(
             log_file=config.log_file,

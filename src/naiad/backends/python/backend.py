@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import socket
@@ -58,20 +59,40 @@ def run_auto_complete(config_json: str, model_file: Path, launch: Launch, timeou
 
 
 class PythonBackend:
-    """Triton's Python backend: model.py defines TritonPythonModel; each instance runs in its own process."""
+    """Triton's Python backend: model.py defines TritonPythonModel; each instance runs in its own process.
+
+    A Python-based backend (`<backend-directory>/<name>/model.py`) is a PythonBackend named `<name>`
+    whose `shared_model_file` is that model.py: it runs for every model using the backend, while the
+    model's own directory (args["model_repository"], the version directory) only holds data files.
+    """
 
     name = "python"
 
+    def __init__(self, name: str = "python", shared_model_file: Path | None = None) -> None:
+        self.name = name
+        self.shared_model_file = shared_model_file
+
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
-        """Apply the model's `auto_complete_config` staticmethod (a model.py without one is not spawned for)."""
+        """Apply the model's `auto_complete_config` staticmethod (a model.py without one is not spawned for).
+
+        `model_file` is `<version>/<default_model_filename>`; a Python-based backend runs its shared
+        model.py instead (the model's file, if any, is data and need not exist).
+        """
+        if self.shared_model_file is not None:
+            code_file = self.shared_model_file
+            version_dir = model_file if not config.default_model_filename else model_file.parent
+            model_dir = version_dir.parent
+        else:
+            code_file = model_file
+            model_dir = model_file.parent.parent
         try:
-            source = model_file.read_text(encoding="utf-8", errors="replace")
+            source = code_file.read_text(encoding="utf-8", errors="replace")
         except OSError as exc:
-            raise ConfigError(f"unable to read '{model_file}': {exc}") from None
+            raise ConfigError(f"unable to read '{code_file}': {exc}") from None
         if "auto_complete_config" not in source:
             return
-        launch = _launch_for(config, model_file.parent.parent)
-        completed = run_auto_complete(config_to_json(config), model_file, launch)
+        launch = _launch_for(config, model_dir)
+        completed = run_auto_complete(config_to_json(config), code_file, launch)
         if completed is None:
             return
         name = config.name
@@ -86,6 +107,8 @@ class PythonBackend:
 
     async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> PythonInstance:
         """Spawn the instance's worker and wait for its initialize; an exception there fails the load."""
+        if self.shared_model_file is not None and source.model_file != self.shared_model_file:
+            source = dataclasses.replace(source, model_file=self.shared_model_file)
         loop = asyncio.get_running_loop()
         launch = await loop.run_in_executor(None, _launch_for, source.config, source.model_dir)
         verbose = 1 if log.isEnabledFor(logging.DEBUG) else 0

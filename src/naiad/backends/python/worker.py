@@ -7,6 +7,7 @@ import importlib.util
 import inspect
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -58,7 +59,9 @@ def import_model(model_file: str) -> Any:
     for path in (version_dir, model_dir):
         if path not in sys.path:
             sys.path.append(path)
-    package = os.path.basename(version_dir)
+    # A private package name: a backend directory named like a library (e.g. `vllm/model.py`)
+    # must not shadow that library for the model code importing it.
+    package = "_naiad_model_" + re.sub(r"\W", "_", os.path.basename(version_dir))
     if package not in sys.modules:
         module = types.ModuleType(package)
         module.__path__ = [version_dir]
