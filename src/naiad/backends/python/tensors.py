@@ -7,38 +7,18 @@ import struct
 import numpy as np
 
 from naiad.backends.python.shm import BlockPool
+from naiad.protocol.datatypes import NUMPY_DTYPES, datatype_of_array
 
 ALIGN = 64
 _LEN = struct.Struct("<I")
 
-NUMPY_OF: dict = {
-    "BOOL": np.dtype(np.bool_),
-    "UINT8": np.dtype(np.uint8),
-    "UINT16": np.dtype(np.uint16),
-    "UINT32": np.dtype(np.uint32),
-    "UINT64": np.dtype(np.uint64),
-    "INT8": np.dtype(np.int8),
-    "INT16": np.dtype(np.int16),
-    "INT32": np.dtype(np.int32),
-    "INT64": np.dtype(np.int64),
-    "FP16": np.dtype(np.float16),
-    "FP32": np.dtype(np.float32),
-    "FP64": np.dtype(np.float64),
-    "BYTES": np.dtype(np.object_),
-    "BF16": np.dtype(np.uint16),  # raw bfloat16 words
-}
-_DATATYPE_OF = {dt: name for name, dt in NUMPY_OF.items() if name not in ("BF16", "BYTES")}
+# The one datatype table lives in naiad.protocol (BF16 travels as raw uint16 words).
+NUMPY_OF = NUMPY_DTYPES
 
 
 def datatype_of(array: np.ndarray) -> str:
     """Protocol datatype of a numpy array (object, bytes and str arrays are BYTES)."""
-    kind = array.dtype.kind
-    if kind in ("O", "S", "U"):
-        return "BYTES"
-    try:
-        return _DATATYPE_OF[array.dtype.newbyteorder("=")]
-    except KeyError:
-        raise ValueError(f"unsupported numpy dtype {array.dtype} for a tensor") from None
+    return datatype_of_array(array)
 
 
 def _element_bytes(item) -> bytes:
