@@ -8,19 +8,19 @@ from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive, RequestHeaders, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
-from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.infer_codec import parse_header_length
+from naiad.frontends.http.infer_handler import infer_payload
 from naiad.frontends.http.protocol import DEFAULT_MAX_HEADER_BYTES, GuardedHttpToolsProtocol
 from naiad.frontends.http.responses import JSON, TEXT, Reply, Send, error_reply, send_error, send_reply
 from naiad.frontends.security import HeaderForwarder
 from naiad.frontends.uvicorn_embed import UvicornRunner
-from naiad.protocol.errors import DecoupledModelError, NaiadError, invalid_arg, unsupported
+from naiad.protocol.errors import NaiadError, invalid_arg
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
 
 logger = logging.getLogger("naiad.cloud")
 
-DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
 KEEP_ALIVE_SECS = 75
 
 
@@ -67,14 +67,7 @@ class CloudInfer:
         try:
             body = await read_body(receive, headers, server.config.http_max_input_size, server.config.http_body_timeout_secs)
             header_length = header_length_from_mime(content_type(scope), self.binary_mime, len(body))
-            request, plan = decode_infer_request(server, model, version, body, header_length)
-            if self.forward_headers is not None:
-                self.forward_headers.apply(scope["headers"], request.parameters)
-            try:
-                response = await server.infer_async(request)
-            except DecoupledModelError:
-                raise unsupported(DECOUPLED_MESSAGE) from None
-            payload, json_length = encode_infer_response(response, plan)
+            payload, json_length = await infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
         except ClientDisconnected:
             return
         except (NaiadError, HttpError) as exc:

@@ -21,6 +21,24 @@ logger = logging.getLogger("naiad.http")
 DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transaction policy"
 
 
+async def infer_payload(
+    server: Server, model: str, version: str, body: bytes, header_length: int | None,
+    scope: dict[str, Any], forward_headers: Any,
+) -> tuple[bytes, int | None]:
+    """Decode a v2 infer body, run it, encode the answer: (payload, JSON header length or None).
+
+    Shared by the v2 endpoint and the cloud (SageMaker, Vertex AI) invocation routes.
+    """
+    request, plan = decode_infer_request(server, model, version, body, header_length)
+    if forward_headers is not None:
+        forward_headers.apply(scope["headers"], request.parameters)
+    try:
+        response = await server.infer_async(request)
+    except DecoupledModelError:
+        raise unsupported(DECOUPLED_MESSAGE) from None
+    return encode_infer_response(response, plan)
+
+
 class InferHandler:
     """Reads the bounded body, decodes, calls server.infer_async, encodes (optionally compressed)."""
 
@@ -42,14 +60,7 @@ class InferHandler:
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))
-            request, plan = decode_infer_request(server, model, version, body, header_length)
-            if self.forward_headers is not None:
-                self.forward_headers.apply(scope["headers"], request.parameters)
-            try:
-                response = await server.infer_async(request)
-            except DecoupledModelError:
-                raise unsupported(DECOUPLED_MESSAGE) from None
-            payload, json_length = encode_infer_response(response, plan)
+            payload, json_length = await infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
         except ClientDisconnected:
             return
         except (NaiadError, HttpError) as exc:
