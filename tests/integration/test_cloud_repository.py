@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import os
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -14,61 +11,23 @@ import numpy as np
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")
+pytest.importorskip("boto3")
 
 import tritonclient.grpc as grpcclient  # noqa: E402
 import tritonclient.http as httpclient  # noqa: E402
 
+from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint  # noqa: E402
 from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model  # noqa: E402
 from tests.support.servers import start_server  # noqa: E402
 
-DUMMY_AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
 FP = [("A", "FP32", [16]), ("B", "FP32", [16])]
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"{host}:{port}"
-    server.stop()
-
-
-class Bucket:
-    """A fresh bucket on the moto endpoint; uploads local directory trees like `aws s3 sync` plus folder markers."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.name = f"naiad-{uuid.uuid4().hex[:12]}"
-        self.client: Any = boto3.client(
-            "s3", endpoint_url=f"http://{endpoint}", aws_access_key_id="testing",
-            aws_secret_access_key="testing", region_name="us-east-1",
-        )
-        self.client.create_bucket(Bucket=self.name)
-
-    def url(self, prefix: str = "models") -> str:
-        return f"s3://{self.endpoint}/{self.name}/{prefix}"
-
-    def keys(self, prefix: str) -> list[str]:
-        listing = self.client.list_objects_v2(Bucket=self.name, Prefix=prefix)
-        return [item["Key"] for item in listing.get("Contents", [])]
-
-    def upload(self, local: Path, prefix: str) -> None:
-        for root, dirs, files in os.walk(local):
-            relative = Path(root).relative_to(local).as_posix()
-            key_prefix = prefix if relative == "." else f"{prefix}/{relative}"
-            if not dirs and not files:
-                self.client.put_object(Bucket=self.name, Key=f"{key_prefix}/", Body=b"")  # an empty folder
-            for name in files:
-                self.client.upload_file(str(Path(root) / name), self.name, f"{key_prefix}/{name}")
+    with moto_endpoint() as address:
+        yield address
 
 
 @pytest.fixture()

@@ -2,39 +2,26 @@
 
 from __future__ import annotations
 
-import logging
 import threading
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
-boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto.server")
+pytest.importorskip("boto3")
 
+from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint  # noqa: E402
 from naiad.repository.catalog import RepositoryCatalog, open_repository  # noqa: E402
 from naiad.repository.remote import RemoteRepository  # noqa: E402
-
-DUMMY_AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-    "AWS_EC2_METADATA_DISABLED": "true",
-}
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"{host}:{port}"
-    server.stop()
+    with moto_endpoint() as address:
+        yield address
 
 
 @pytest.fixture()
@@ -47,28 +34,6 @@ def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     return dict(DUMMY_AWS)
-
-
-class Bucket:
-    """A fresh bucket on the moto endpoint, with put/delete helpers."""
-
-    def __init__(self, endpoint: str) -> None:
-        self.endpoint = endpoint
-        self.name = f"naiad-{uuid.uuid4().hex[:12]}"
-        self.client: Any = boto3.client(
-            "s3", endpoint_url=f"http://{endpoint}", aws_access_key_id="testing",
-            aws_secret_access_key="testing", region_name="us-east-1",
-        )
-        self.client.create_bucket(Bucket=self.name)
-
-    def url(self, prefix: str = "models") -> str:
-        return f"s3://{self.endpoint}/{self.name}/{prefix}"
-
-    def put(self, key: str, body: bytes = b"") -> None:
-        self.client.put_object(Bucket=self.name, Key=key, Body=body)
-
-    def delete(self, key: str) -> None:
-        self.client.delete_object(Bucket=self.name, Key=key)
 
 
 @pytest.fixture()
