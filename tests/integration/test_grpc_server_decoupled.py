@@ -57,12 +57,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture()
-def stub(server: RunningServer) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-
-
 def _count_input(count: int) -> grpcclient.InferInput:
     tensor = grpcclient.InferInput("COUNT", [1], "INT32")
     tensor.set_data_from_numpy(np.array([count], dtype=np.int32))

@@ -11,10 +11,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
-from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import ALL_DATATYPES, standard_repository
 from tests.support.servers import RunningServer, start_server
+from tests.support.servers import client_error as _client_error
 
 NUMPY = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -36,27 +36,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 
 
 @pytest.fixture()
-def client(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        yield c
-
-
-@pytest.fixture()
-def stub(server: RunningServer) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
+def client(grpc_client: grpcclient.InferenceServerClient) -> grpcclient.InferenceServerClient:
+    return grpc_client
 
 
 def _input(name: str, array: np.ndarray, datatype: str) -> grpcclient.InferInput:
     inp = grpcclient.InferInput(name, list(array.shape), datatype)
     inp.set_data_from_numpy(array)
     return inp
-
-
-def _client_error(call: Any, *args: Any, **kwargs: Any) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 def _rpc_error(call: Any, *args: Any, **kwargs: Any) -> grpc.RpcError:

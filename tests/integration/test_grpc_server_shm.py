@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
-from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model
 from tests.support.servers import RunningServer, start_server
+from tests.support.servers import client_error as _client_error
 
 BYTES = 64  # one [1,16] FP32 tensor
 
@@ -32,9 +32,8 @@ def server(repo) -> Iterator[RunningServer]:
 
 
 @pytest.fixture()
-def client(server: RunningServer) -> Iterator[grpcclient.InferenceServerClient]:
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        yield c
+def client(grpc_client: grpcclient.InferenceServerClient) -> grpcclient.InferenceServerClient:
+    return grpc_client
 
 
 @pytest.fixture()
@@ -86,12 +85,6 @@ def test_infer_through_shared_memory(client: grpcclient.InferenceServerClient, r
         client.unregister_system_shared_memory(f"out_{tag}")
     err = _client_error(client.get_system_shared_memory_status, f"in_{tag}")
     assert err.message() == f"Unable to find system shared memory region: 'in_{tag}'"
-
-
-def _client_error(call, *args, **kwargs) -> InferenceServerException:
-    with pytest.raises(InferenceServerException) as info:
-        call(*args, **kwargs)
-    return info.value
 
 
 def test_shared_memory_errors(client: grpcclient.InferenceServerClient, regions: dict) -> None:

@@ -30,12 +30,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-@pytest.fixture()
-def stub(server: RunningServer) -> Iterator[pb_grpc.GRPCInferenceServiceStub]:
-    with grpc.insecure_channel(server.grpc_url) as channel:
-        yield pb_grpc.GRPCInferenceServiceStub(channel)
-
-
 class Collector:
     """Stream callback target: results and errors in arrival order."""
 

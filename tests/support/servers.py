@@ -92,3 +92,13 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
     process.kill()
     process.wait()
     raise RuntimeError("naiad serve did not start:\n" + "".join(output))
+
+
+def client_error(call, *args, **kwargs):
+    """The InferenceServerException a tritonclient call raises (the test fails if it does not)."""
+    import pytest
+    from tritonclient.utils import InferenceServerException
+
+    with pytest.raises(InferenceServerException) as info:
+        call(*args, **kwargs)
+    return info.value
