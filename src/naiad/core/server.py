@@ -21,11 +21,11 @@ from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
+from naiad.core.server_observability import failure_reason, metrics_settings, record_trace, residency_families
 from naiad.observability.custom_metrics import CustomMetrics
-from naiad.observability.exposition import Family
 from naiad.observability.log_settings import LogSettings
-from naiad.observability.tracing import Trace, Tracer, parse_trace_config
-from naiad.observability.metrics import MetricsCollector, MetricsSettings, ModelSeries
+from naiad.observability.tracing import Tracer, parse_trace_config
+from naiad.observability.metrics import MetricsCollector, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
@@ -76,9 +76,9 @@ class Server:
             log_format=config.log_format,
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
-        self.metrics = MetricsCollector(self._model_series, _metrics_settings(config))
+        self.metrics = MetricsCollector(self._model_series, metrics_settings(config))
         self.custom_metrics = CustomMetrics()  # families created by model code (pb_utils.MetricFamily)
-        self.metrics.extra_families.append(self._residency_families)
+        self.metrics.extra_families.append(lambda: residency_families(self.models.residency))
         self.metrics.extra_families.append(self.custom_metrics.families)
         self._live = False
         self._exiting = False
@@ -243,7 +243,7 @@ class Server:
         except _AnsweredError as answered:
             raise answered.error from None
         except NaiadError as exc:
-            model.stats.record_request(False, time.perf_counter_ns() - start, None, _failure_reason(exc, model))
+            model.stats.record_request(False, time.perf_counter_ns() - start, None, failure_reason(exc, model))
             raise
         finally:
             self._end_request(model.name)
@@ -251,24 +251,8 @@ class Server:
         model.stats.record_first_response(elapsed)
         model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
         if self.tracer.global_config.enabled or self.tracer.has_overrides:
-            self._trace(model, request, item, response, start, start + elapsed)
+            record_trace(self.tracer, model, request, item, response, start, start + elapsed)
         return response
-
-    def _trace(self, model, request: InferenceRequest, item, response: InferenceResponse, start: int, end: int) -> None:
-        trace = self.tracer.sample(model.name, model.version_str, request.id)
-        if trace is None:
-            return
-        for inp in request.inputs:
-            trace.tensor("TENSOR_QUEUE_INPUT", inp.name, inp.datatype, inp.shape, _tensor_text(inp.data))
-        for name, ns in (("REQUEST_START", start), ("QUEUE_START", item.enqueue_ns), ("COMPUTE_START", item.dispatch_ns),
-                         ("COMPUTE_INPUT_END", item.input_end_ns), ("COMPUTE_OUTPUT_START", item.output_start_ns),
-                         ("COMPUTE_END", item.compute_end_ns), ("REQUEST_END", end)):
-            if ns:
-                trace.timestamp(name, ns)
-        for out in response.outputs:
-            if out.data is not None:
-                trace.tensor("TENSOR_BACKEND_OUTPUT", out.name, out.datatype, out.shape, _tensor_text(out.data))
-        self.tracer.finish(trace, model.name)
 
     async def infer_stream(
         self, request: InferenceRequest, errors_inline: bool = False
@@ -297,7 +281,7 @@ class Server:
                     model.stats.record_first_response(time.perf_counter_ns() - start)
                     first = False
                 if result.error is not None:
-                    reason = _failure_reason(result.error, model)
+                    reason = failure_reason(result.error, model)
                     if not errors_inline:
                         raise result.error
                     yield result.error, result.final
@@ -393,24 +377,6 @@ class Server:
                 raise invalid_arg(f"requested model version is not available for model '{name}'")
             return {"model_stats": [model.stats.as_dict()]}
         return {"model_stats": [m.stats.as_dict() for _, m in sorted(ready.items())]}
-
-    def _residency_families(self) -> list[Family]:
-        """Loads, evictions and measured model memory (Naiad's own families)."""
-        residency = self.models.residency
-        loads = Family("naiad_model_loads", "counter", "Number of model loads performed")
-        loads.add({}, residency.loads)
-        evictions = Family("naiad_model_evictions", "counter", "Number of models unloaded by the memory budget or idle timeout")
-        for reason, count in residency.evictions.items():
-            evictions.add({"reason": reason}, count)
-        memory = Family("naiad_model_memory_bytes", "gauge", "Memory measured when the model loaded, in bytes")
-        for name, resident in sorted(residency.residents.items()):
-            memory.add({"model": name}, resident.memory_bytes)
-        families = [loads, evictions, memory]
-        if residency.budget_bytes is not None:
-            budget = Family("naiad_model_memory_budget_bytes", "gauge", "The --model-memory-budget")
-            budget.add({}, residency.budget_bytes)
-            families.append(budget)
-        return families
 
     def _model_series(self) -> list[ModelSeries]:
         return [
@@ -529,35 +495,6 @@ class _AnsweredError(Exception):
     def __init__(self, error: NaiadError) -> None:
         super().__init__(error.message)
         self.error = error
-
-
-def _tensor_text(array: np.ndarray) -> str:
-    """Tensor data as Triton's trace writes it: comma-separated values, row-major."""
-    flat = np.asarray(array).ravel()
-    if flat.dtype == np.object_:
-        return ",".join(x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in flat)
-    return ",".join(str(x) for x in flat.tolist())
-
-
-def _failure_reason(error: NaiadError, model) -> str:
-    """Triton's failure reasons: queue refusals, cancellations, model errors, the rest."""
-    if error.code is ErrorCode.UNAVAILABLE:
-        return "REJECTED"
-    if error.code is ErrorCode.CANCELLED:
-        return "CANCELED"
-    return "OTHER" if model.config.platform == "ensemble" else "BACKEND"
-
-
-def _metrics_settings(config: ServerConfig) -> MetricsSettings:
-    from naiad.config.model_config import parse_bool
-
-    options = config.metrics_config
-    return MetricsSettings(
-        counter_latencies=parse_bool(options.get("counter_latencies"), True),
-        histogram_latencies=parse_bool(options.get("histogram_latencies"), False),
-        cpu_metrics=config.allow_cpu_metrics,
-        gpu_metrics=config.allow_gpu_metrics,
-    )
 
 
 def _normalise(array: np.ndarray) -> np.ndarray:
