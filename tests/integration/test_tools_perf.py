@@ -62,7 +62,9 @@ def test_cli_concurrency_sweep_writes_perf_analyzer_csv(server, tmp_path):
     assert totals["client_request_count"] == totals["server_request_count"] == server_count(server) - before
     for level in report["levels"]:
         client, counted = level["request_count"], level["server"]["request_count"]
-        assert abs(client - counted) <= 2 * int(level["value"]) + 2, level
+        # per window, the statistics snapshot is taken a round trip after the client's boundary, so
+        # requests completing meanwhile land in the neighbouring window (the totals above are exact)
+        assert abs(client - counted) <= 2 * int(level["value"]) + 2 + client // 100, level
         assert level["server"]["compute_infer_us"] > 0
 
 
