@@ -49,7 +49,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "examples"))
 
-SERVERS = ("naiad", "mlserver", "kserve")
+SERVERS = ("naiad", "naiad-grpcio", "mlserver", "kserve")  # naiad-grpcio: --grpc-server-impl grpcio
 MODELS = ("mlp_classifier", "add_sub")
 PROTOCOLS = ("http-json", "http-binary", "grpc")
 UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST"}
@@ -134,20 +134,22 @@ def _grpc_ready(port: int) -> bool:
         return False
 
 
-def start_naiad(work: Path, models: list[str], core: str, python: str, config_mode: str) -> RunningServer:
+def start_naiad(work: Path, models: list[str], core: str, python: str, config_mode: str,
+                grpc_impl: str = "naiad") -> RunningServer:
     repo = work / "naiad_repo"
     for m in models:
         shutil.copytree(work / "models" / m, repo / m, dirs_exist_ok=True)
         if config_mode == "matched":
             with open(repo / m / "config.pbtxt", "a") as f:
                 f.write(NAIAD_MATCHED_CONFIG)
-    log_path = work / "naiad.log"
-    out_path = work / "naiad.stdout"
+    tag = "naiad" if grpc_impl == "naiad" else f"naiad-{grpc_impl}"
+    log_path = work / f"{tag}.log"
+    out_path = work / f"{tag}.stdout"
     out = open(out_path, "wb")
     err = open(log_path, "wb")
     cmd = [os.path.abspath(python), "-m", "naiad", "serve", "--model-repository", str(repo), "--http-port", "0",
            "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
-           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl]
     proc = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                             cwd=work, start_new_session=True)
 
@@ -158,7 +160,7 @@ def start_naiad(work: Path, models: list[str], core: str, python: str, config_mo
         return None
 
     ports = _wait_until(ready, "naiad", proc, log_path)
-    server = RunningServer("naiad", proc, ports["http_port"], ports["grpc_port"], log_path)
+    server = RunningServer(tag, proc, ports["http_port"], ports["grpc_port"], log_path)
     _wait_until(lambda: _http_ready(server.http_port, models), "naiad models", proc, log_path)
     return server
 
@@ -300,7 +302,7 @@ def _ratio(a: dict | None, b: dict | None) -> str:
 
 
 def markdown_table(results: dict, ceilings: dict, servers: list[str], args) -> str:
-    names = {"naiad": "Naiad", "mlserver": "MLServer", "kserve": "KServe"}
+    names = {"naiad": "Naiad", "naiad-grpcio": "Naiad (grpcio)", "mlserver": "MLServer", "kserve": "KServe"}
     head = ["model", "protocol", "c"] + [names[s] for s in servers] + ["ceiling"]
     head += [f"Naiad/{names[s]}" for s in servers if s != "naiad"] + (["Naiad/ceiling"] if "naiad" in servers else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -362,7 +364,7 @@ def print_report(report: dict, how: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
+    parser.add_argument("--servers", nargs="+", choices=SERVERS, default=["naiad", "mlserver", "kserve"])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS))
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
@@ -416,9 +418,9 @@ def main() -> int:
             for name in args.servers:
                 log(f"starting {name}")
                 try:
-                    if name == "naiad":
+                    if name in ("naiad", "naiad-grpcio"):
                         servers[name] = start_naiad(work, args.models, args.server_core, args.naiad_python,
-                                                    args.naiad_config)
+                                                    args.naiad_config, "grpcio" if name == "naiad-grpcio" else "naiad")
                     elif name == "mlserver":
                         servers[name] = start_mlserver(work, args.models, args.server_core, args.venvs)
                     else:
@@ -443,7 +445,7 @@ def main() -> int:
                                 port = server.grpc_port if protocol == "grpc" else server.http_port
                                 r = run_load(args.client_core, port, protocol, model, c, args, ref)
                                 runs.setdefault((name, model, protocol, c), []).append(r)
-                                log(f"round {rnd + 1}/{args.rounds} {name:8s} {model:15s} {protocol:11s} "
+                                log(f"round {rnd + 1}/{args.rounds} {name:12s} {model:15s} {protocol:11s} "
                                     f"c={c:<3d} {_cell(r)}" + (f"  [{r['error']}]" if "error" in r else ""))
         finally:
             for server in servers.values():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import socket
 import ssl
 import urllib.error
 import urllib.request
@@ -185,6 +186,22 @@ def test_grpc_tls_serves_tritonclient(tls_server, pki):
     result = client.infer("add_sub", inputs)
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), expected)
     client.close()
+
+
+def test_grpc_tls_negotiates_h2_with_alpn(tls_server, pki):
+    """gRPC clients require ALPN "h2"; the server then speaks HTTP/2 first (its SETTINGS frame)."""
+    context = ssl.create_default_context(cafile=str(pki.ca))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", tls_server.grpc_port), timeout=20) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            assert tls.selected_alpn_protocol() == "h2"
+            tls.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            head = b""
+            while len(head) < 9:
+                chunk = tls.recv(9 - len(head))
+                assert chunk, "the server closed the TLS connection"
+                head += chunk
+            assert head[3] == 0x4  # SETTINGS
 
 
 def test_grpc_tls_port_refuses_plaintext_clients(tls_server):

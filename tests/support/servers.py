@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 READY_PREFIX = "NAIAD_READY "
+GRPC_IMPL_ENV = "NAIAD_TEST_GRPC_IMPL"  # run the suite's servers with --grpc-server-impl naiad|grpcio
 
 
 @dataclass
@@ -62,6 +63,9 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
         "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
         *extra_args,
     ]
+    impl = os.environ.get(GRPC_IMPL_ENV)
+    if impl and not any(arg.startswith("--grpc-server-impl") for arg in extra_args):
+        command += ["--grpc-server-impl", impl]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output: list[str] = []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -60,7 +61,8 @@ class FakeServer:
     """Models: echo (outputs OUT_<input> = input), gate (waits for another key), dec (decoupled)."""
 
     def __init__(self, allow_client_shm: bool = True) -> None:
-        self.config = ServerConfig(allow_client_shm=allow_client_shm, exit_timeout_secs=1.0)
+        self.config = ServerConfig(allow_client_shm=allow_client_shm, exit_timeout_secs=1.0,
+                                   grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", "naiad"))
         self.shared_memory = FakeShm()
         self.seen: list[InferenceRequest] = []
         self.cancelled: queue.Queue[str] = queue.Queue()

@@ -96,29 +96,37 @@ def _forwarding(handler: grpc.RpcMethodHandler, forwarder: HeaderForwarder) -> g
     return _same_kind(handler, None, streaming)
 
 
-class GuardInterceptor(grpc.aio.ServerInterceptor):
-    """`--grpc-restricted-protocol`, `--grpc-header-forward-pattern` and the model-name rule."""
+class Guard:
+    """`--grpc-restricted-protocol`, `--grpc-header-forward-pattern` and the model-name rule, for either server.
+
+    `apply` is synchronous and keeps the wrapped handler of each method, so a call pays for a
+    dictionary lookup (and the restriction check when one applies to its RPC group).
+    """
 
     def __init__(self, restricted: list[str], forward_pattern: str) -> None:
         self.restrictions: dict[str, Restriction] = parse_restrictions(
             restricted, "grpc-restricted-protocol", GRPC_HEADER_PREFIX
         )
         self.forwarder = HeaderForwarder(forward_pattern) if forward_pattern else None
+        self._wrapped: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(details)
+    def apply(self, method: str, handler: grpc.RpcMethodHandler | None, metadata: Any) -> grpc.RpcMethodHandler | None:
+        """The handler to run for a call of `method` with this invocation metadata."""
         if handler is None:
-            return handler
-        rpc = _rpc_name(details.method)
-        restriction = self.restrictions.get(GRPC_RPC_GROUPS.get(rpc, ""))
-        if restriction is not None:
-            sent = metadata_value(details.invocation_metadata, restriction.key)
-            if not restriction.allows(sent):
+            return None
+        rpc = _rpc_name(method)
+        if self.restrictions:
+            restriction = self.restrictions.get(GRPC_RPC_GROUPS.get(rpc, ""))
+            if restriction is not None and not restriction.allows(metadata_value(metadata, restriction.key)):
                 return _refused(handler, grpc.StatusCode.UNAVAILABLE, grpc_restriction_message(restriction.key))
+        cached = self._wrapped.get(method)
+        if cached is not None and cached[0] is handler:
+            return cached[1]
+        wrapped = self._wrap(rpc, handler)
+        self._wrapped[method] = (handler, wrapped)
+        return wrapped
+
+    def _wrap(self, rpc: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if rpc in _INFER_RPCS:
             # ModelInfer / ModelStreamInfer model names are checked where each request is decoded
             return _forwarding(handler, self.forwarder) if self.forwarder is not None else handler
@@ -126,3 +134,20 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         if field is not None and handler.unary_unary is not None:
             return _checking_names(handler, field)
         return handler
+
+
+class GuardInterceptor(grpc.aio.ServerInterceptor):
+    """The Guard as a grpc.aio interceptor (the grpcio server implementation)."""
+
+    def __init__(self, restricted: list[str], forward_pattern: str) -> None:
+        self.guard = Guard(restricted, forward_pattern)
+        self.restrictions = self.guard.restrictions
+        self.forwarder = self.guard.forwarder
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(details)
+        return self.guard.apply(details.method, handler, details.invocation_metadata)

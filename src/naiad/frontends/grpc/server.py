@@ -1,4 +1,9 @@
-"""GrpcFrontend: binds the grpc.aio server hosting the inference service inside the running event loop."""
+"""GrpcFrontend: binds the gRPC server hosting the inference service inside the running event loop.
+
+Two implementations serve the same servicer, health service and guard: Naiad's own HTTP/2
+server (`--grpc-server-impl naiad`, the default; h2_server.py) and grpcio's `grpc.aio`
+(`--grpc-server-impl grpcio`), kept as the fallback.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from naiad.frontends.grpc.guard import GuardInterceptor
+from naiad.frontends.grpc.guard import Guard, GuardInterceptor
+from naiad.frontends.grpc.h2_server import H2GrpcServer, ssl_context
 from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
@@ -69,9 +75,33 @@ class GrpcFrontend:
         self._host = host
         self._port = port
         self._grpc: grpc.aio.Server | None = None
+        self._h2: H2GrpcServer | None = None
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (port 0 picks a free one)."""
+        if getattr(self._server.config, "grpc_server_impl", "naiad") == "grpcio":
+            return await self._start_grpcio()
+        return await self._start_naiad()
+
+    async def _start_naiad(self) -> int:
+        config = self._server.config
+        context = ssl_context(config, _read)
+        h2 = H2GrpcServer(
+            guard=Guard(config.grpc_restricted_protocol, config.grpc_header_forward_pattern),
+            max_concurrent_streams=config.grpc_max_concurrent_streams,
+            max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
+        )
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), h2)
+        h2.add_generic_rpc_handlers((health_handler(self._server),))
+        try:
+            port = await h2.start(self._host, self._port, context)
+        except OSError as exc:
+            raise OSError(f"cannot bind the gRPC frontend to {bind_address(self._host, self._port)}: {exc}") from None
+        self._h2 = h2
+        logger.debug("gRPC frontend (naiad HTTP/2) listening on %s", bind_address(self._host, port))
+        return port
+
+    async def _start_grpcio(self) -> int:
         config = self._server.config
         credentials = server_credentials(config)
         grpc_server = grpc.aio.server(
@@ -98,6 +128,10 @@ class GrpcFrontend:
 
     async def stop(self) -> None:
         """Stop accepting calls, let in-flight calls finish within the server's exit timeout, then close."""
+        if self._h2 is not None:
+            h2, self._h2 = self._h2, None
+            await h2.stop(self._server.config.exit_timeout_secs)
+            return
         if self._grpc is None:
             return
         grpc_server, self._grpc = self._grpc, None

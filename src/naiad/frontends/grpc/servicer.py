@@ -19,6 +19,7 @@ from naiad.frontends.grpc.infer_codec import (
 )
 from naiad.frontends.grpc.status import guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
+from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, SharedMemoryRef
 
@@ -135,8 +136,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
         decoded = decode_infer_request(request, self._shm_reader)
+        metadata = context.invocation_metadata() if propagating() else ()
         try:
-            response = await self._server.infer_async(decoded)
+            with incoming_traceparent(metadata or ()):
+                response = await self._server.infer_async(decoded)
         except DecoupledModelError:
             raise unsupported(DECOUPLED_UNARY_MESSAGE) from None
         return encode_infer_response(response)

@@ -1,0 +1,204 @@
+"""Naiad's own gRPC server: HTTP/2 (h2c or TLS with ALPN "h2") on asyncio, hosting grpc-style method handlers.
+
+It takes the same handler objects grpcio does (`add_generic_rpc_handlers`,
+`add_registered_method_handlers`), so the generated `add_*Servicer_to_server` functions, the
+servicer and the health service are shared with the grpcio implementation; the Guard applies
+the restricted-protocol, model-name and header-forwarding rules to every call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import ssl
+from typing import Any, Iterable
+
+import grpc
+
+from naiad.frontends.grpc.guard import Guard
+from naiad.frontends.grpc.h2_connection import H2Connection
+from naiad.frontends.grpc.h2_stream import Stream
+
+logger = logging.getLogger(__name__)
+
+REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long
+WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes wait for window
+
+_OK = grpc.StatusCode.OK
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+_INTERNAL = grpc.StatusCode.INTERNAL
+
+
+class _CallDetails(grpc.HandlerCallDetails):
+    def __init__(self, method: str, invocation_metadata: Any) -> None:
+        self.method = method
+        self.invocation_metadata = invocation_metadata
+
+
+class H2GrpcServer:
+    """Listener, method table, server-wide limits and graceful stop of Naiad's gRPC server."""
+
+    def __init__(self, guard: Guard | None = None, max_concurrent_streams: int = 0, max_concurrent_rpcs: int = 0,
+                 request_timeout: float | None = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.guard = guard
+        self.max_concurrent_streams = max_concurrent_streams
+        self.max_concurrent_rpcs = max_concurrent_rpcs
+        self.request_timeout = REQUEST_TIMEOUT if request_timeout is None else request_timeout
+        self.watch_interval = min(1.0, self.request_timeout / 4)
+        self.connections: set[H2Connection] = set()
+        self._methods: dict[str, grpc.RpcMethodHandler] = {}
+        self._generic: list[grpc.GenericRpcHandler] = []
+        self._rpcs = 0
+        self._listener: asyncio.AbstractServer | None = None
+
+    # ------------------------------------------------------------------ grpc.Server-like registration
+
+    def add_generic_rpc_handlers(self, handlers: Iterable[grpc.GenericRpcHandler]) -> None:
+        self._generic.extend(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        for name, handler in handlers.items():
+            self._methods[f"/{service}/{name}"] = handler
+
+    def handler(self, path: str, metadata: Any) -> grpc.RpcMethodHandler | None:
+        found = self._methods.get(path)
+        if found is None:
+            details = _CallDetails(path, metadata)
+            for generic in self._generic:
+                found = generic.service(details)
+                if found is not None:
+                    break
+        if self.guard is not None:
+            return self.guard.apply(path, found, metadata)
+        return found
+
+    # ------------------------------------------------------------------ limits
+
+    def acquire_rpc(self) -> bool:
+        if self.max_concurrent_rpcs and self._rpcs >= self.max_concurrent_rpcs:
+            return False
+        self._rpcs += 1
+        return True
+
+    def release_rpc(self) -> None:
+        self._rpcs -= 1
+
+    # ------------------------------------------------------------------ running calls
+
+    def start_unary(self, conn: H2Connection, stream: Stream, message: bytes) -> None:
+        """The request of a unary-request call is complete: decode it and run the handler in a task."""
+        handler = stream.handler
+        try:
+            request = handler.request_deserializer(message) if handler.request_deserializer else message
+        except Exception:  # noqa: BLE001 - any decoding failure is the client's
+            conn.finish(stream, _INTERNAL, "Exception deserializing request!")
+            return
+        # The handler's first step runs now, as an eager task would: calls that finish without
+        # waiting (health, metadata) need no task, and an infer request reaches the scheduler in
+        # this event-loop turn. A call that waits gets its task when what it waits for is done.
+        coro = self.run_call(conn, stream, request)
+        context = contextvars.copy_context()
+        try:
+            awaited = context.run(coro.send, None)
+        except StopIteration:
+            return
+        if getattr(awaited, "_asyncio_future_blocking", False):
+            awaited._asyncio_future_blocking = False
+            stream.awaited = awaited
+            awaited.add_done_callback(lambda _: self._resume(stream, coro, context))
+        else:  # a bare yield (asyncio.sleep(0)): the task goes on from there
+            stream.task = self.loop.create_task(coro, context=context)
+
+    def _resume(self, stream: Stream, coro: Any, context: contextvars.Context) -> None:
+        stream.awaited = None
+        stream.task = self.loop.create_task(coro, context=context)
+
+    async def run_call(self, conn: H2Connection, stream: Stream, request: Any) -> None:
+        """Run the handler; send its responses and then its status."""
+        handler = stream.handler
+        ctx = stream.ctx
+        serialize = handler.response_serializer
+        try:
+            if not handler.response_streaming:
+                call = handler.unary_unary if not handler.request_streaming else handler.stream_unary
+                response = await call(request, ctx)
+                if ctx.code_ is None or ctx.code_ is _OK:
+                    conn.send_message(stream, serialize(response) if serialize else response)
+            else:
+                call = handler.unary_stream if not handler.request_streaming else handler.stream_stream
+                await self._stream_out(conn, stream, call(request, ctx), serialize)
+        except grpc.aio.AbortError:
+            pass
+        except asyncio.CancelledError:
+            return  # reset by the client, past its deadline, or shutdown: the stream is already closed
+        except Exception as exc:  # noqa: BLE001 - a handler bug is the call's status, not the server's end
+            logger.exception("gRPC handler for stream %d failed", stream.sid)
+            if ctx.code_ is None or ctx.code_ is _OK:
+                ctx.code_, ctx.details_ = _UNKNOWN, f"Unexpected {type(exc)}: {exc}"
+        code = ctx.code_ if ctx.code_ is not None else _OK
+        conn.finish(stream, code, ctx.details_, ctx.trailing)
+
+    async def _stream_out(self, conn: H2Connection, stream: Stream, responses: Any, serialize: Any) -> None:
+        if not hasattr(responses, "__aiter__"):
+            await responses  # a handler that wrote nothing through its return value
+            return
+        async with contextlib.aclosing(responses) as items:
+            async for response in items:
+                conn.send_message(stream, serialize(response) if serialize else response)
+                if stream.finished:
+                    return
+                if stream.pending_bytes > WRITE_BACKLOG or conn._paused:
+                    await conn.writable(stream, WRITE_BACKLOG)
+
+    # ------------------------------------------------------------------ listening
+
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Listen; returns the bound port (0 picks a free one)."""
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        self._listener = await self.loop.create_server(
+            lambda: H2Connection(self), host or None, port, ssl=ssl_context, reuse_address=True, backlog=1024,
+        )
+        return self._listener.sockets[0].getsockname()[1]
+
+    async def stop(self, grace: float) -> None:
+        """GOAWAY to every connection, let in-flight calls finish within `grace` seconds, then cancel the rest."""
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self.connections):
+            conn.goaway()
+        deadline = self.loop.time() + max(grace, 0.0)
+        while self.connections and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            conn.abort()
+        await asyncio.sleep(0)
+
+
+def ssl_context(config: Any, read: Any) -> ssl.SSLContext | None:
+    """The TLS context of --grpc-use-ssl[-mutual] (ALPN h2), or None for a plaintext port.
+
+    `read(path, flag)` reads a PEM file, raising OSError that names the flag."""
+    if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
+        return None
+    if not config.grpc_server_cert or not config.grpc_server_key:
+        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+    if config.grpc_use_ssl_mutual and not config.grpc_root_cert:
+        raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs client certificates)")
+    read(config.grpc_server_cert, "--grpc-server-cert")
+    read(config.grpc_server_key, "--grpc-server-key")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.set_alpn_protocols(["h2"])
+    try:
+        context.load_cert_chain(config.grpc_server_cert, config.grpc_server_key)
+        if config.grpc_root_cert:
+            root = read(config.grpc_root_cert, "--grpc-root-cert")
+            context.load_verify_locations(cadata=root.decode("ascii", "replace"))
+            context.verify_mode = ssl.CERT_REQUIRED if config.grpc_use_ssl_mutual else ssl.CERT_OPTIONAL
+    except ssl.SSLError as exc:
+        raise ValueError(f"--grpc-server-cert/--grpc-server-key/--grpc-root-cert: {exc}") from None
+    return context
