@@ -83,7 +83,9 @@ class ModelVersion:
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         self._model_dir = model_dir
         self.memory_bytes = 0  # measured at load time
-        self.stats = ModelStatistics(self.name, self.version_str, _first_response_buckets(config))
+        self.stats = ModelStatistics(
+            self.name, self.version_str, _first_response_buckets(config), getattr(services, "summary_quantiles", None)
+        )
         pooled = [i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances]
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]

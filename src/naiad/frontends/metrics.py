@@ -19,12 +19,14 @@ class MetricsFrontend:
         collector = server.metrics
 
         async def metrics(request: Request) -> Response:
+            if request.method != "GET":  # Starlette routes HEAD with GET; Triton answers it 405
+                return await not_allowed(request, None)
             return Response(collector.render(), media_type=CONTENT_TYPE)
 
         async def not_found(request: Request, exc: Exception) -> Response:
             return JSONResponse({"error": "Not Found"}, status_code=404)
 
-        async def not_allowed(request: Request, exc: Exception) -> Response:
+        async def not_allowed(request: Request, exc: Exception | None) -> Response:
             return JSONResponse({"error": "Method Not Allowed"}, status_code=405)
 
         app = Starlette(

@@ -57,4 +57,4 @@ def render(families: list[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+CONTENT_TYPE = "text/plain; charset=utf-8"  # what Triton sends (Prometheus reads it as format 0.0.4)

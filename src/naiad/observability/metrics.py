@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from naiad.observability.exposition import Family, render
 from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics
+from naiad.observability.summary import CACHE_SUMMARY_FAMILIES, SUMMARY_FAMILIES, parse_quantiles
 from naiad.observability.system_metrics import SystemMetrics
 
 _DURATIONS = [
@@ -24,8 +25,11 @@ class MetricsSettings:
 
     counter_latencies: bool = True
     histogram_latencies: bool = False
+    summary_latencies: bool = False
+    summary_quantiles: tuple[tuple[float, float], ...] = ()
     cpu_metrics: bool = True
     gpu_metrics: bool = True
+    interval_ms: float = 2000.0  # --metrics-interval-ms: how often the per-interval families are sampled
 
 
 @dataclass
@@ -44,7 +48,7 @@ class MetricsCollector:
     def __init__(self, models: Callable[[], Iterable[ModelSeries]], settings: MetricsSettings) -> None:
         self._models = models
         self._settings = settings
-        self._system = SystemMetrics(gpu_metrics=settings.gpu_metrics)
+        self.system = SystemMetrics(cpu_metrics=settings.cpu_metrics, gpu_metrics=settings.gpu_metrics)
         self.extra_families: list[Callable[[], list[Family]]] = []
 
     def families(self) -> list[Family]:
@@ -63,6 +67,8 @@ class MetricsCollector:
             Family("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert+lookup) duration per model, in microseconds"),
         ]
         histogram = Family("nv_inference_first_response_histogram_ms", "histogram", "Duration from request to first response in milliseconds")
+        summaries = [Family(name, "summary", doc) for name, doc, _ in SUMMARY_FAMILIES]
+        cache_summaries = [Family(name, "summary", doc) for name, doc, _ in CACHE_SUMMARY_FAMILIES]
         for item in series:
             data = item.stats.as_dict()
             labels = {"model": data["name"], "version": data["version"], **{f"_{k}": v for k, v in item.tags.items()}}
@@ -87,6 +93,10 @@ class MetricsCollector:
                     histogram.add({**labels, "le": le}, cumulative, "_bucket")
                 histogram.add(labels, total_ms, "_sum")
                 histogram.add(labels, observations, "_count")
+            if item.stats.summaries is not None:
+                _add_summaries(summaries, SUMMARY_FAMILIES, item.stats, labels, skip="request" if item.cached else "")
+                if item.cached:
+                    _add_summaries(cache_summaries, CACHE_SUMMARY_FAMILIES, item.stats, labels)
         closed = Family("naiad_batches_closed", "counter", "Dynamic-batcher batches by what closed them")
         sizes = Family("naiad_batch_size_executions", "counter", "Executions per executed batch size")
         for item in series:
@@ -100,15 +110,36 @@ class MetricsCollector:
             families += durations
         if self._settings.histogram_latencies:
             families.append(histogram)
+        if self._settings.summary_latencies:
+            families += summaries + [f for f in cache_summaries if f.samples]
         families += [f for f in cache if f.samples]
-        if self._settings.cpu_metrics:
-            families += self._system.families()
+        families += self.system.families()
         for provider in self.extra_families:
             families += provider()
         return families
 
     def render(self) -> str:
         return render(self.families())
+
+    async def sample_system(self) -> None:
+        """The per-interval sampling loop (a task owned by the Server; cancelled at shutdown)."""
+        await self.system.run(self._settings.interval_ms / 1000.0)
+
+
+def _add_summaries(
+    families: list[Family], specs: tuple[tuple[str, str, str], ...], stats: ModelStatistics, labels: dict[str, str], skip: str = "",
+) -> None:
+    """Triton's order: _count, _sum, then one sample per quantile. `skip`: the request summary of a
+    model with the response cache on, which Triton does not report."""
+    assert stats.summaries is not None
+    for family, (_, _, key) in zip(families, specs):
+        if key == skip:
+            continue
+        values, total_us, count = stats.summaries.snapshot(key)
+        family.add(labels, count, "_count")
+        family.add(labels, total_us, "_sum")
+        for quantile, value in values:
+            family.add({**labels, "quantile": repr(quantile)}, value)
 
 
 def _bound_text(bound: float) -> str:
@@ -123,4 +154,6 @@ def parse_metrics_config(entries: list[str]) -> dict[str, str]:
         if not sep:
             raise ValueError(f"--metrics-config expects <key>=<value>, got '{entry}'")
         result[key.strip()] = value.strip()
+    if "summary_quantiles" in result:
+        parse_quantiles(result["summary_quantiles"])  # a bad list is a start-up error
     return result

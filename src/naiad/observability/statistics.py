@@ -6,6 +6,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from naiad.observability.summary import LatencySummaries
+
 
 @dataclass
 class _Duration:
@@ -36,8 +38,13 @@ _INFERENCE_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer",
 class ModelStatistics:
     """Counters of one model version; updated from the event loop and instance threads."""
 
-    def __init__(self, name: str, version: str, first_response_buckets_ms: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS_MS) -> None:
+    def __init__(
+        self, name: str, version: str, first_response_buckets_ms: tuple[float, ...] = DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
+        summary_quantiles: tuple[tuple[float, float], ...] | None = None,
+    ) -> None:
         self.name = name
+        # per-request latency summaries, only with --metrics-config summary_latencies=true
+        self.summaries = LatencySummaries(summary_quantiles) if summary_quantiles else None
         self.version = version
         self.failures = {reason: 0 for reason in FAILURE_REASONS}
         # How the dynamic batcher closed each batch: preferred size, max size, queue delay, no
@@ -59,9 +66,13 @@ class ModelStatistics:
             self._inference["success" if success else "fail"].add(duration_ns)
             if not success:
                 self.failures[reason if reason in self.failures else "OTHER"] += 1
-            if queue_ns is not None:
+            if queue_ns is not None and success:  # Triton counts queue time of successes only
                 self._inference["queue"].add(queue_ns)
             self.last_inference_ms = int(time.time() * 1000)
+        if self.summaries is not None and success:
+            self.summaries.observe("request", duration_ns)
+            if queue_ns is not None:
+                self.summaries.observe("queue", queue_ns)
 
     def record_first_response(self, duration_ns: int) -> None:
         """Time from request start to its first response (TTFT for streaming models)."""
@@ -96,6 +107,8 @@ class ModelStatistics:
     def record_cache(self, hit: bool, ns: int) -> None:
         with self._lock:
             self._inference["cache_hit" if hit else "cache_miss"].add(ns)
+        if self.summaries is not None:
+            self.summaries.observe("cache_hit" if hit else "cache_miss", ns)
 
     def record_execution(self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One executed batch of `request_count` requests totalling `batch_size` rows."""
@@ -108,6 +121,9 @@ class ModelStatistics:
             batch.compute_input.add(input_ns)
             batch.compute_infer.add(infer_ns)
             batch.compute_output.add(output_ns)
+        if self.summaries is not None:
+            for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns), ("compute_output", output_ns)):
+                self.summaries.observe(key, ns, request_count)
 
     def as_dict(self) -> dict:
         with self._lock:

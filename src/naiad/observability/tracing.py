@@ -1,4 +1,5 @@
-"""Request tracing in Triton's mode: sampled timestamp (and tensor) records written as a JSON array."""
+"""Request tracing: sampling and settings shared by both modes; Triton's mode writes timestamp (and
+tensor) records as a JSON array, OpenTelemetry's mode (otel.py) exports spans."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from naiad.observability.otel import OtelExporter, OtelSettings
+from naiad.observability.trace_context import enable_propagation
 from naiad.protocol.errors import invalid_arg, unsupported
 
 log = logging.getLogger("naiad.tracing")
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+MODES = ("triton", "opentelemetry")
 
 
 @dataclass
@@ -23,6 +27,7 @@ class TraceConfig:
     log_frequency: int = 0
     file: str = ""
     mode: str = "triton"
+    otel: OtelSettings = field(default_factory=OtelSettings)
 
     def as_dict(self) -> dict:
         return {
@@ -102,8 +107,12 @@ class Tracer:
     """Global settings plus per-model overrides; samples 1 of every `rate` requests of a model."""
 
     def __init__(self, config: TraceConfig) -> None:
-        if config.mode != "triton":
-            raise ValueError(f"trace mode '{config.mode}' is not available (only 'triton')")
+        if config.mode not in MODES:
+            raise ValueError(f"unknown trace mode '{config.mode}' (triton or opentelemetry)")
+        # OpenTelemetry mode: spans go to this exporter (OtelUnavailable when the extra is missing)
+        self.otel = OtelExporter(config.otel) if config.mode == "opentelemetry" else None
+        if self.otel is not None:
+            enable_propagation()
         self.global_config = config
         self._models: dict[str, TraceConfig] = {}
         self._seen: dict[str, int] = {}
@@ -134,20 +143,47 @@ class Tracer:
             self.global_config = apply_settings(self.global_config, changes)
             return self.global_config.as_dict()
 
-    def sample(self, model: str, version: str, request_id: str) -> Trace | None:
+    def decide(self, model: str, force: bool = False) -> tuple[int, TraceConfig] | None:
+        """(trace id, settings) when this request of `model` is traced: 1 in `rate` (never when rate is
+        0), or always when `force`d (a propagated trace context), while the level and count allow."""
         config = self._models.get(model, self.global_config)
         if not config.enabled:
             return None
         with self._lock:
             seen = self._seen.get(model, 0) + 1
             self._seen[model] = seen
-            if seen % config.rate != 0 and config.rate != 1:
+            if not force and (config.rate <= 0 or seen % config.rate != 0):
                 return None
             if config.count > 0:
                 config.count -= 1
-            trace = Trace(self._next_id, "TENSORS" in config.level)
+            trace_id = self._next_id
             self._next_id += 1
-        trace.records.append({"id": trace.id, "model_name": model, "model_version": int(version), "request_id": request_id, "parent_id": 0})
+        return trace_id, config
+
+    def next_id(self) -> int:
+        """A trace id for a request traced because the request that made it is."""
+        with self._lock:
+            trace_id = self._next_id
+            self._next_id += 1
+        return trace_id
+
+    @property
+    def active(self) -> bool:
+        """Whether any request may be traced now (checked per request, so kept cheap when off)."""
+        return self.otel is not None or self.global_config.enabled or self.has_overrides
+
+    def sample(self, model: str, version: str, request_id: str, parent: Trace | None = None) -> Trace | None:
+        """A Triton-mode trace for this request: always when the request that made it is traced
+        (`parent`: an ensemble's step gets its own id and the ensemble's as parent_id), else by rate."""
+        if parent is not None:
+            trace = Trace(self.next_id(), parent.tensors)
+        else:
+            decided = self.decide(model)
+            if decided is None:
+                return None
+            trace = Trace(decided[0], "TENSORS" in decided[1].level)
+        trace.records.append({"id": trace.id, "model_name": model, "model_version": int(version), "request_id": request_id,
+                              "parent_id": parent.id if parent is not None else 0})
         return trace
 
     def finish(self, trace: Trace, model: str) -> None:
@@ -160,7 +196,9 @@ class Tracer:
                 self._file_index += 1
 
     def flush(self) -> None:
-        """At shutdown: write what has not been written yet."""
+        """At shutdown: write what has not been written yet (export queued spans in OpenTelemetry mode)."""
+        if self.otel is not None:
+            self.otel.shutdown()
         with self._lock:
             if self._pending:
                 self._write(self.global_config.file)
@@ -178,7 +216,9 @@ class Tracer:
 
 
 def parse_trace_config(entries: list[str]) -> TraceConfig:
-    """--trace-config [mode,]key=value entries (rate, level, count, mode, triton,file, triton,log-frequency)."""
+    """--trace-config [mode,]key=value entries: rate, level, count, mode; triton,file and
+    triton,log-frequency; opentelemetry,url / resource / bsp_max_queue_size / bsp_schedule_delay /
+    bsp_max_export_batch_size."""
     config = TraceConfig()
     levels: list[str] = []
     for entry in entries:
@@ -186,11 +226,15 @@ def parse_trace_config(entries: list[str]) -> TraceConfig:
         key, sep, value = setting.partition("=")
         if not sep:
             raise ValueError(f"--trace-config expects [<mode>,]<key>=<value>, got '{entry}'")
-        if scope not in ("", "triton"):
-            raise ValueError(f"trace mode '{scope}' is not available (only 'triton')")
+        if scope not in ("", *MODES):
+            raise ValueError(f"--trace-config {entry}: unknown trace mode '{scope}' (triton or opentelemetry)")
         try:
-            if key == "rate":
+            if scope == "opentelemetry":
+                config.otel.set(key, value)
+            elif key == "rate":
                 config.rate = int(value)
+                if config.rate < 0:
+                    raise ValueError("rate must be >= 0 (0: only requests with a propagated trace context)")
             elif key == "level":
                 if value.upper() not in LEVELS:
                     raise ValueError(f"unknown trace level '{value}'")
@@ -198,6 +242,8 @@ def parse_trace_config(entries: list[str]) -> TraceConfig:
             elif key == "count":
                 config.count = int(value)
             elif key == "mode":
+                if value not in MODES:
+                    raise ValueError(f"unknown trace mode '{value}' (triton or opentelemetry)")
                 config.mode = value
             elif key == "file":
                 config.file = value
@@ -209,4 +255,6 @@ def parse_trace_config(entries: list[str]) -> TraceConfig:
             raise ValueError(f"--trace-config {entry}: {exc}") from None
     if levels:
         config.level = tuple(l for l in levels if l != "OFF") or ("OFF",)
+    if config.mode == "opentelemetry":
+        config.otel.check()
     return config

@@ -31,8 +31,9 @@ def test_settings_rules():
 def test_parse_trace_config_flags():
     config = parse_trace_config(["rate=1", "level=TIMESTAMPS", "level=TENSORS", "triton,file=/tmp/t.json", "count=5"])
     assert config.level == ("TIMESTAMPS", "TENSORS") and config.rate == 1 and config.file == "/tmp/t.json" and config.count == 5
-    with pytest.raises(ValueError):
-        parse_trace_config(["opentelemetry,url=http://x"])
+    for bad in (["jaeger,url=http://x"], ["mode=jaeger"], ["rate=-1"], ["level=LOUD"]):
+        with pytest.raises(ValueError):
+            parse_trace_config(bad)
 
 
 def test_trace_file_written_at_shutdown(tmp_path):
@@ -54,3 +55,25 @@ def test_trace_file_written_at_shutdown(tmp_path):
     assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "COMPUTE_START" in names
     tensors = [r for r in records if r.get("activity") == "TENSOR_QUEUE_INPUT" and r["id"] == heads[0]["id"]]
     assert tensors[0]["tensor"] == {"name": "INPUT0", "data": ",".join(["1.0"] * 16), "shape": "1,16", "dtype": "FP32"}
+
+
+def test_ensemble_steps_get_their_own_trace_with_the_ensemble_as_parent(tmp_path):
+    from tests.support.onnx_models import ensemble_model
+
+    add_sub_model(tmp_path / "repo", "m")
+    ensemble_model(tmp_path / "repo", "ens", [("m", {"INPUT0": "IN0", "INPUT1": "IN1"}, {"OUTPUT0": "OUT0"})],
+                   inputs=[("IN0", "FP32", [16]), ("IN1", "FP32", [16])], outputs=[("OUT0", "FP32", [16])])
+    trace_file = tmp_path / "trace.json"
+    server = naiad.Server(model_repository=str(tmp_path / "repo"),
+                          trace_config=["rate=2", "level=TIMESTAMPS", f"triton,file={trace_file}"])
+    with server as srv:
+        a = np.ones((1, 16), np.float32)
+        for _ in range(4):
+            srv.infer("ens", {"IN0": a, "IN1": a})
+    heads = [r for r in json.loads(trace_file.read_text()) if "model_name" in r]
+    ensembles = [h for h in heads if h["model_name"] == "ens"]
+    steps = [h for h in heads if h["model_name"] == "m"]
+    # 1 in 2 ensemble requests traced; their steps follow them (and only them), whatever the step's own rate count
+    assert len(ensembles) == 2 and all(e["parent_id"] == 0 for e in ensembles)
+    assert sorted(s["parent_id"] for s in steps) == sorted(e["id"] for e in ensembles)
+    assert not {s["id"] for s in steps} & {e["id"] for e in ensembles}

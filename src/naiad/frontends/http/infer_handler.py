@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive, RequestHeaders, decompress_body, read_body
 from naiad.frontends.http.compression import choose_encoding, compress
+from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import HeaderForwarder
+from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 if TYPE_CHECKING:
@@ -33,7 +35,8 @@ async def infer_payload(
     if forward_headers is not None:
         forward_headers.apply(scope["headers"], request.parameters)
     try:
-        response = await server.infer_async(request)
+        with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
+            response = await server.infer_async(request)
     except DecoupledModelError:
         raise unsupported(DECOUPLED_MESSAGE) from None
     return encode_infer_response(response, plan)
@@ -60,7 +63,9 @@ class InferHandler:
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))
-            payload, json_length = await infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
+            payload, json_length = await until_disconnect(
+                receive, infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
+            )
         except ClientDisconnected:
             return
         except (NaiadError, HttpError) as exc:
