@@ -100,6 +100,9 @@ class BackendRequest:
     model_name: str = ""
     model_version: int = 0
     is_cancelled: Callable[[], bool] = lambda: False
+    # Set by schedulers that can run the request again (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+    # the backend calls it once the execution that asked for it returned. None: not supported.
+    reschedule: Callable[[], None] | None = None
 
 
 @dataclass

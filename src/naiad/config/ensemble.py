@@ -59,3 +59,32 @@ def _check_acyclic(config: mc.ModelConfig, source: str) -> None:
 
 def composing_models(config: mc.ModelConfig) -> list[str]:
     return list(dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step))
+
+
+def apply_decoupled_steps(config: mc.ModelConfig, decoupled_steps: set[int]) -> None:
+    """An ensemble with a decoupled step is decoupled itself (as Triton makes it, whatever its config says).
+
+    Each response of a decoupled step runs the steps downstream of it separately, so a step may
+    not combine tensors descending from two different decoupled steps: their responses cannot
+    be paired. Raises ConfigError for such a graph.
+    """
+    if not decoupled_steps:
+        return
+    origin: dict[str, int | None] = {t.name: None for t in config.input}
+    remaining = list(enumerate(config.ensemble_scheduling.step))
+    while remaining:
+        ready = [(i, s) for i, s in remaining if set(s.input_map.values()) <= origin.keys()]
+        if not ready:
+            break  # a cycle: check_ensemble_graph reports it
+        for index, step in ready:
+            sources = {origin[t] for t in step.input_map.values()} - {None}
+            if len(sources) > 1:
+                raise ConfigError(
+                    f"ensemble '{config.name}': step {index} ('{step.model_name}') receives inputs originated "
+                    f"from different decoupled models (steps {sorted(sources)})"
+                )
+            produced = index if index in decoupled_steps else next(iter(sources), None)
+            for tensor in step.output_map.values():
+                origin[tensor] = produced
+        remaining = [(i, s) for i, s in remaining if (i, s) not in ready]
+    config.model_transaction_policy.decoupled = True

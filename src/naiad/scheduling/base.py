@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -16,7 +18,7 @@ from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import ThreadInstance
 
 
-@dataclass
+@dataclass(eq=False)  # identity: queues look requests up with `in`/remove()
 class WorkItem:
     """One request as the model sees it: model-facing input arrays and the outputs it needs.
 
@@ -35,9 +37,15 @@ class WorkItem:
     input_end_ns: int = 0
     output_start_ns: int = 0
     compute_end_ns: int = 0
+    padding: bool = False  # a sequence-slot filler row: nobody waits, its responses are dropped
+    signature: tuple | None = None  # cached by can_join: batch formation compares it many times
+    # Request rescheduling: a scheduler that can queue this item again sets this (see BackendRequest.reschedule).
+    reschedule: Callable[["WorkItem"], None] | None = None
 
     def deliver(self, response: BackendResponse) -> None:
         """Route one response of this request to its waiter (event-loop thread only)."""
+        if self.padding:
+            return
         if self.stream is not None:
             self.stream.put_nowait(response)
             if response.final and not self.future.done():
@@ -73,7 +81,10 @@ class Scheduler(Protocol):
 
 def _batch_signature(item: WorkItem) -> tuple:
     """Requests can share a batch only when every non-batch dimension matches."""
-    return tuple((name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(item.inputs.items()))
+    signature = item.signature
+    if signature is None:
+        signature = item.signature = tuple((name, arr.dtype.str, arr.shape[1:]) for name, arr in sorted(item.inputs.items()))
+    return signature
 
 
 def can_join(first: WorkItem, other: WorkItem) -> bool:
@@ -109,6 +120,7 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
                 timeout_us=request.timeout_us if request else 0,
                 model_name=request.model_name if request else "",
                 is_cancelled=item.future.cancelled,
+                reschedule=functools.partial(item.reschedule, item) if item.reschedule is not None else None,
             )
         )
 

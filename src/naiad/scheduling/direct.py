@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.runtime.thread_instance import InstancePool
@@ -17,22 +19,36 @@ class DirectScheduler:
         self._batching = batching
         self._inflight = 0
         self._waiting = 0
+        self._rescheduled: set[asyncio.Task] = set()
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
-        self._waiting += 1
+        item.reschedule = self._reschedule
         try:
-            try:
-                instance = await self._pool.acquire()
-            finally:
-                self._waiting -= 1
-            try:
-                await execute_batch(instance, [item], self._batching, self._stats)
-            finally:
-                self._pool.release(instance)
+            await self._run(item)
             return await item.future
         finally:
             self._inflight -= 1
+
+    async def _run(self, item: WorkItem) -> None:
+        self._waiting += 1
+        try:
+            instance = await self._pool.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            await execute_batch(instance, [item], self._batching, self._stats)
+        finally:
+            self._pool.release(instance)
+
+    def _reschedule(self, item: WorkItem) -> None:
+        """The backend released the request with RESCHEDULE: it runs again on the next free instance.
+
+        enqueue() still awaits the item's future, so the request stays in flight meanwhile.
+        """
+        task = asyncio.get_running_loop().create_task(self._run(item))
+        self._rescheduled.add(task)
+        task.add_done_callback(self._rescheduled.discard)
 
     def inflight(self) -> int:
         return self._inflight

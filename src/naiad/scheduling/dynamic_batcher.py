@@ -70,8 +70,17 @@ class DynamicBatcher:
             self._inflight -= 1
             if timer is not None:
                 timer.cancel()
+            if item.future.cancelled():
+                self._withdraw(item, level)
             if own is not None:
                 await self._release_in_order(previous, own)
+
+    def _withdraw(self, item: WorkItem, level: PriorityLevel) -> None:
+        """A cancelled request leaves the queue at once (pending counts and batch formation see it gone)."""
+        for queue in (level.queue, level.delayed):
+            if item in queue:
+                queue.remove(item)
+                self._arrived.set()
 
     def _ordering_slot(self) -> tuple[asyncio.Future | None, asyncio.Future | None]:
         if not self._preserve_ordering:
@@ -106,7 +115,10 @@ class DynamicBatcher:
         return self._inflight
 
     def pending(self) -> int:
-        return sum(level.size() for level in self._levels)
+        total = 0  # a plain loop: enqueue asks this for every request
+        for level in self._levels:
+            total += len(level.queue) + len(level.delayed)
+        return total
 
     # ------------------------------------------------------------ batch formation
 

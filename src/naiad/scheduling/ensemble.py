@@ -9,18 +9,24 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendResponse, ServerServices
 from naiad.observability.statistics import ModelStatistics
-from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import NaiadError, internal
-from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
 from naiad.scheduling.base import WorkItem
+from naiad.scheduling.ensemble_stream import StreamingEnsembleRun
+from naiad.scheduling.ensemble_steps import step_error, step_request
 
 
 class EnsembleScheduler:
-    """Launches every step as soon as its inputs exist; independent steps run concurrently."""
+    """Launches every step as soon as its inputs exist; independent steps run concurrently.
+
+    A decoupled ensemble (one with a decoupled step, see config.ensemble.apply_decoupled_steps)
+    streams: each response of a decoupled step runs the steps after it, and each complete set of
+    outputs is one response of the ensemble.
+    """
 
     def __init__(self, config: mc.ModelConfig, services: ServerServices, stats: ModelStatistics) -> None:
         self._name = config.name
         self._steps = list(config.ensemble_scheduling.step)
+        self._decoupled = config.model_transaction_policy.decoupled
         self._services = services
         self._stats = stats
         self._inflight = 0
@@ -28,10 +34,17 @@ class EnsembleScheduler:
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
         try:
-            outputs = await self._run(item)
+            if self._decoupled:
+                await StreamingEnsembleRun(self._name, self._steps, self._services, item).run()
+            else:
+                outputs = await self._run(item)
+                item.deliver(BackendResponse({n: outputs[n] for n in item.output_names}))
+        except NaiadError as exc:
+            if item.stream is None:
+                raise
+            item.fail(exc)  # a streaming caller reads its error from the stream
         finally:
             self._inflight -= 1
-        item.deliver(BackendResponse({n: outputs[n] for n in item.output_names}))
         return await item.future
 
     async def _run(self, item: WorkItem) -> dict[str, np.ndarray]:
@@ -56,28 +69,11 @@ class EnsembleScheduler:
         return tensors
 
     async def _run_step(self, index: int, step: mc.ModelEnsembling.Step, tensors: dict[str, np.ndarray], item: WorkItem) -> dict[str, np.ndarray]:
-        parent = item.request
-        inputs = []
-        for model_input, tensor in step.input_map.items():
-            array = tensors[tensor]
-            inputs.append(InferInput(model_input, datatype_of_array(array), tuple(array.shape), array))
-        request = InferenceRequest(
-            model_name=step.model_name,
-            model_version=str(step.model_version) if step.model_version >= 0 else "",
-            inputs=inputs,
-            outputs=[RequestedOutput(name) for name in step.output_map],
-            id=parent.id if parent else "",
-            parameters=dict(parent.parameters) if parent else {},
-            priority=parent.priority if parent else 0,
-            timeout_us=parent.timeout_us if parent else 0,
-            sequence_id=parent.sequence_id if parent else 0,
-            sequence_start=parent.sequence_start if parent else False,
-            sequence_end=parent.sequence_end if parent else False,
-        )
+        inputs = {model_input: tensors[tensor] for model_input, tensor in step.input_map.items()}
         try:
-            response = await self._services.infer_async(request)
+            response = await self._services.infer_async(step_request(step, inputs, item.request))
         except NaiadError as exc:
-            raise NaiadError(exc.code, f"in ensemble '{self._name}', step {index} ('{step.model_name}'): {exc.message}") from None
+            raise step_error(self._name, index, step, exc) from None
         produced = {out.name: out.data for out in response.outputs}
         return {tensor: produced[model_output] for model_output, tensor in step.output_map.items()}
 

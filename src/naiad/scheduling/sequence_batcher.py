@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +17,7 @@ from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg, unavailable
+from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Instance, WorkItem, execute_batch
 
@@ -44,6 +47,7 @@ class _State:
 class _Sequence:
     correlation_id: int | str
     instance: int
+    slot: int = -1
     queue: collections.deque[WorkItem] = field(default_factory=collections.deque)
     busy: bool = False
     started: bool = False
@@ -92,21 +96,28 @@ class SequenceBatcher:
         self._stats = stats
         self._name = config.name
         self._batching = config.max_batch_size > 0
-        if sequence.WhichOneof("strategy_choice") == "oldest":
+        self._direct = sequence.WhichOneof("strategy_choice") != "oldest"
+        self._min_utilization = 0.0
+        if not self._direct:
             per_instance = max(sequence.oldest.max_candidate_sequences, 1)
             self._delay_s = sequence.oldest.max_queue_delay_microseconds / 1e6
         else:
             per_instance = max(config.max_batch_size, 1)
             self._delay_s = sequence.direct.max_queue_delay_microseconds / 1e6
+            self._min_utilization = sequence.direct.minimum_slot_utilization
         self._slots_per_instance = per_instance
         self._rows_per_batch = max(config.max_batch_size, 1)
         self._idle_s = (sequence.max_sequence_idle_microseconds or 1_000_000) / 1e6
+        # iterative_sequence: each request is a whole sequence the backend reschedules until it answers.
+        self._iterative = sequence.iterative_sequence
+        self._last_internal_id = 0
         self._controls = _controls(sequence)
         self._states = _states(sequence, model_dir)
         self._sequences: dict[int | str, _Sequence] = {}
         self._backlog: collections.deque[_Sequence] = collections.deque()
         self._instances = list(pool.instances)
         self._occupancy = [0] * len(self._instances)
+        self._free_slots = [list(range(per_instance)) for _ in self._instances]
         self._wakeups = [asyncio.Event() for _ in self._instances]
         self._inflight = 0
         loop = asyncio.get_running_loop()
@@ -117,6 +128,8 @@ class SequenceBatcher:
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         request = item.request
+        if self._iterative and request is not None:
+            request = item.request = self._iterative_request(request)
         cid = request.sequence_id if request is not None else 0
         if cid in (0, ""):
             raise invalid_arg(f"inference request to model '{self._name}' must specify a non-zero or non-empty correlation ID")
@@ -144,6 +157,8 @@ class SequenceBatcher:
                 "request of the sequence"
             )
         sequence.last_seen = time.monotonic()
+        if self._iterative:
+            self._track_iterative(sequence, item)
         sequence.queue.append(item)
         if sequence.instance >= 0:
             self._wakeups[sequence.instance].set()
@@ -154,17 +169,19 @@ class SequenceBatcher:
             self._inflight -= 1
 
     def _admit(self, cid: int | str) -> _Sequence:
-        free = [i for i, used in enumerate(self._occupancy) if used < self._slots_per_instance]
+        free = [i for i, slots in enumerate(self._free_slots) if slots]
         sequence = _Sequence(cid, -1)
         self._sequences[cid] = sequence
         if free:
-            self._assign(sequence, min(free, key=lambda i: self._occupancy[i]))
+            # Lowest slot number first, across instances (as Triton fills slot 0 of every instance first).
+            self._assign(sequence, min(free, key=lambda i: (self._free_slots[i][0], self._occupancy[i], i)))
         else:
             self._backlog.append(sequence)
         return sequence
 
     def _assign(self, sequence: _Sequence, instance: int) -> None:
         sequence.instance = instance
+        sequence.slot = heapq.heappop(self._free_slots[instance])
         self._occupancy[instance] += 1
         self._wakeups[instance].set()
 
@@ -172,10 +189,18 @@ class SequenceBatcher:
         """Free the sequence's slot and hand it to the oldest backlogged sequence."""
         if self._sequences.get(sequence.correlation_id) is sequence:
             del self._sequences[sequence.correlation_id]
-        if sequence.instance >= 0:
-            self._occupancy[sequence.instance] -= 1
+        instance, sequence.instance = sequence.instance, -1  # released once only
+        if instance >= 0:
+            self._occupancy[instance] -= 1
+            heapq.heappush(self._free_slots[instance], sequence.slot)
+            sequence.slot = -1
             if self._backlog:
-                self._assign(self._backlog.popleft(), sequence.instance)
+                self._assign(self._backlog.popleft(), instance)
+        while sequence.queue:  # requests sent after the END: the sequence no longer exists
+            sequence.queue.popleft().fail(invalid_arg(
+                f"inference request for sequence {sequence.correlation_id} to model '{self._name}' arrived after "
+                "the END of its sequence"
+            ))
 
     # ------------------------------------------------------------ execution
 
@@ -184,7 +209,19 @@ class SequenceBatcher:
         ready.sort(key=lambda s: s.queue[0].enqueue_ns)
         return ready[: self._rows_per_batch]
 
-    async def _serve(self, index: int) -> None:
+    def _under_utilized(self, ready: list[_Sequence]) -> float:
+        """Seconds still to wait for more ready slots (direct strategy), 0 to execute now.
+
+        With minimum_slot_utilization > 0 a batch waits until that fraction of the instance's
+        slots holds a request, or until the oldest ready request waited max_queue_delay.
+        """
+        if self._min_utilization <= 0 or len(ready) >= self._min_utilization * self._slots_per_instance:
+            return 0.0
+        oldest = min(s.queue[0].enqueue_ns for s in ready)
+        return max(oldest / 1e9 + self._delay_s - time.perf_counter_ns() / 1e9, 0.0)
+
+    async def _wait_for_batch(self, index: int) -> list[_Sequence]:
+        """The sequences of the next execution on this instance, once the strategy says to run."""
         wakeup = self._wakeups[index]
         while True:
             ready = self._ready(index)
@@ -192,11 +229,24 @@ class SequenceBatcher:
                 wakeup.clear()
                 await wakeup.wait()
                 continue
+            if self._direct:
+                remaining = self._under_utilized(ready)
+                if remaining <= 0:
+                    return ready
+                wakeup.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(wakeup.wait(), remaining)
+                continue
             if self._delay_s and len(ready) < self._rows_per_batch:
                 wakeup.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), self._delay_s)
                 ready = self._ready(index)
+            return ready
+
+    async def _serve(self, index: int) -> None:
+        while True:
+            ready = await self._wait_for_batch(index)
             items = []
             for sequence in ready:
                 item = sequence.queue.popleft()
@@ -211,13 +261,42 @@ class SequenceBatcher:
                 items.append((sequence, item))
             if not items:
                 continue
+            batch = [it for _, it in items]
+            if self._direct and self._batching:
+                batch = self._pad_slots(index, items)
             instance = await self._pool.acquire()
             try:
-                await execute_batch(instance, [it for _, it in items], self._batching, self._stats)
+                await execute_batch(instance, batch, self._batching, self._stats)
             finally:
                 self._pool.release(instance)
             for sequence, item in items:
                 self._after(sequence, item)
+
+    def _pad_slots(self, index: int, items: list[tuple[_Sequence, WorkItem]]) -> list[WorkItem]:
+        """Direct strategy: one batch row per slot up to the highest slot in use; empty slots padded.
+
+        A padding row repeats the shapes of a real request with READY (and START/END) false and
+        CORRID 0; its results are dropped.
+        """
+        by_slot = {sequence.slot: item for sequence, item in items}
+        in_use = [s.slot for s in self._sequences.values() if s.instance == index and s.slot >= 0]
+        highest = max(in_use + list(by_slot))
+        template = items[0][1]
+        batch = []
+        for slot in range(highest + 1):
+            item = by_slot.get(slot)
+            batch.append(item if item is not None else self._padding(template))
+        return batch
+
+    def _padding(self, template: WorkItem) -> WorkItem:
+        inputs = {name: np.zeros_like(array) for name, array in template.inputs.items()}
+        for control in self._controls:
+            if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
+                value = np.array([b""], dtype=object) if control.dtype == np.object_ else np.zeros(1, dtype=control.dtype)
+            else:
+                value = np.full(1, control.values[0], dtype=control.dtype)
+            inputs[control.name] = value.reshape(template.inputs[control.name].shape)
+        return WorkItem(inputs, list(template.output_names), 1, padding=True)
 
     def _decorate(self, sequence: _Sequence, item: WorkItem) -> None:
         """Add control tensors and the implicit state input; ask for the state output."""
@@ -256,10 +335,46 @@ class SequenceBatcher:
             for state in self._states:
                 if state.output_name in outputs:
                     sequence.state[state.input_name] = outputs[state.output_name]
-        if item.request.sequence_end:
+        if self._iterative:
+            pass  # released when the request's final response arrived (see _track_iterative)
+        elif item.request.sequence_end:
             self._release(sequence)
         elif sequence.queue and sequence.instance >= 0:
             self._wakeups[sequence.instance].set()
+
+    # ------------------------------------------------------------ iterative sequences (request rescheduling)
+
+    def _iterative_request(self, request: InferenceRequest) -> InferenceRequest:
+        """A new request of an iterative model starts its own sequence (an internal id if it has none)."""
+        cid = request.sequence_id
+        if cid in (0, ""):
+            self._last_internal_id += 1
+            while self._last_internal_id in self._sequences:
+                self._last_internal_id += 1
+            cid = self._last_internal_id
+        return dataclasses.replace(request, sequence_id=cid, sequence_start=True)
+
+    def _reschedule(self, item: WorkItem) -> None:
+        """The backend released the request with RESCHEDULE: it runs again, first in its sequence, flags cleared."""
+        sequence = self._sequences.get(item.request.sequence_id)
+        if sequence is None:  # its sequence timed out meanwhile (Triton answers the same)
+            item.fail(invalid_arg(
+                f"inference request for sequence {item.request.sequence_id} to model '{self._name}' must specify the "
+                "START flag on the first request of the sequence"))
+            return
+        item.request = dataclasses.replace(item.request, sequence_start=False, sequence_end=False)
+        sequence.last_seen = time.monotonic()
+        sequence.queue.appendleft(item)
+        if sequence.instance >= 0:
+            self._wakeups[sequence.instance].set()
+
+    def _track_iterative(self, sequence: _Sequence, item: WorkItem) -> None:
+        item.reschedule = self._reschedule
+
+        def finished(_: asyncio.Future) -> None:
+            if self._sequences.get(sequence.correlation_id) is sequence:
+                self._release(sequence)
+        item.future.add_done_callback(finished)
 
     async def _reap_idle(self) -> None:
         """Release sequences that received nothing for max_sequence_idle_microseconds."""

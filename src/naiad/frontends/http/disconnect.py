@@ -1,0 +1,53 @@
+"""Cancel a request's work when its HTTP client disconnects (ASGI http.disconnect)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from naiad.frontends.http.body import Receive
+from naiad.frontends.http.errors import ClientDisconnected
+
+T = TypeVar("T")
+
+# Requests answered sooner never pay for a watcher task; a disconnect is noticed this late at worst.
+WATCH_AFTER_S = 0.02
+
+
+async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
+    """Await `work` (after the whole body was read); if the client disconnects first, cancel it.
+
+    Cancelling reaches the scheduler: a request still queued is dropped and never executes.
+    After the body, receive() only returns when the connection is lost (or the response is
+    complete), so a watcher task, started once the work has taken WATCH_AFTER_S, waits on it
+    and cancels this task.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    gone = False
+    watcher: asyncio.Task | None = None
+
+    async def watch() -> None:
+        nonlocal gone
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            gone = True
+            task.cancel()
+
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if gone and task.uncancel() == 0:
+            raise ClientDisconnected() from None
+        raise
+    finally:
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()

@@ -1,0 +1,75 @@
+"""The real `naiad serve`: an HTTP client that disconnects while its /infer is queued cancels it."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from tests.support.onnx_models import add_sub_model
+from tests.support.servers import RunningServer, start_server
+
+# One queued request waits this long for company before it runs alone.
+DELAY_US = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    repo = tmp_path_factory.mktemp("http_disconnect") / "models"
+    add_sub_model(repo, "queued", dims=4, scheduler=f"dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} preferred_batch_size: [8] }}")
+    with start_server(repo) as running:
+        yield running
+
+
+def _pending(server: RunningServer) -> int:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
+    match = re.search(r'^nv_inference_pending_request_count\{[^}]*model="queued"[^}]*\} (\d+)', text, re.M)
+    assert match is not None, text
+    return int(match.group(1))
+
+
+def _wait_for_pending(server: RunningServer, expected: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _pending(server) != expected:
+        assert time.monotonic() < deadline, f"pending request count never became {expected}"
+        time.sleep(0.02)
+
+
+def _infer_body() -> bytes:
+    data = [1.0, 2.0, 3.0, 4.0]
+    return json.dumps({"inputs": [
+        {"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": data},
+        {"name": "INPUT1", "datatype": "FP32", "shape": [1, 4], "data": data},
+    ]}).encode()
+
+
+def test_disconnect_while_queued_cancels_the_request(server: RunningServer) -> None:
+    body = _infer_body()
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /v2/models/queued/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        _wait_for_pending(server, 1)
+    # The socket is closed: the server drops the queued request without waiting for its delay.
+    _wait_for_pending(server, 0, timeout=DELAY_US / 1e6 / 2)
+
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        inputs = [httpclient.InferInput(n, [1, 4], "FP32") for n in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(np.ones((1, 4), np.float32))
+        result = client.infer("queued", inputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [[2.0] * 4]
+        stats = client.get_inference_statistics("queued")["model_stats"][0]
+    # Only the second request ever ran, alone: the first one did not join its batch.
+    assert int(stats["inference_count"]) == 1 and int(stats["execution_count"]) == 1
+    assert [(int(b["batch_size"]), int(b["compute_infer"]["count"])) for b in stats["batch_stats"]] == [(1, 1)]
+    assert int(stats["inference_stats"]["success"]["count"]) == 1
+    assert not [line for line in server.output if "Traceback" in line or "Exception in ASGI" in line]
