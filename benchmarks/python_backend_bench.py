@@ -9,7 +9,11 @@ execute burns ~10 ms of pure-Python CPU: with instance_group count 2 the two wor
 two cores at once. `compare` pins each server (and its worker processes) to core 0 and the clients to
 core 1, like run_onnx_bench.py: add_sub through benchmarks/load.py (http-binary and grpc), the 1 MB
 FP32 identity model through a small HTTP binary-extension client in this file.
-Real Triton comes from /work/triton-probe/start_triton.sh (Triton 2.51 from the nvidia-pytriton wheel).
+Real Triton comes from benchmarks/start_triton.sh (Triton 2.51 from the nvidia-pytriton wheel).
+
+Every cell also reports the CPU time the server's process tree (server + Python workers / stubs) spent
+per request, from /proc: on a shared, noisy machine that figure moves much less than req/s, and
+1e6 / cpu_us is what one dedicated core could serve.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-TRITON_SCRIPT = Path("/work/triton-probe/start_triton.sh")
+TRITON_SCRIPT = HERE / "start_triton.sh"
 MB_ELEMENTS = 262144  # FP32 -> 1 MiB
 
 ADD_SUB_CONFIG = """backend: "python"
@@ -189,6 +194,32 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
+def _tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    pids, total = [pid], 0.0
+    while pids:
+        current = pids.pop()
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                pids.extend(int(c) for c in children.read().split())
+            with open(f"/proc/{current}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _with_cpu(pid: int, run, duration: float, warmup: float = 1.0) -> dict:
+    """Run one cell; add the server tree's CPU microseconds per request (warm-up requests counted at the same rate)."""
+    before = _tree_cpu(pid)
+    cell = run()
+    used = _tree_cpu(pid) - before
+    if "error" not in cell and cell.get("infer_per_sec"):
+        cell["cpu_us_per_req"] = used / (cell["infer_per_sec"] * (duration + warmup)) * 1e6
+    return cell
+
+
 def _load(core: str, port: int, protocol: str, concurrency: int, duration: float) -> dict:
     cmd = ["taskset", "-c", core, sys.executable, str(HERE / "load.py"), "--url", f"127.0.0.1:{port}",
            "--protocol", protocol, "--model", "add_sub", "-c", str(concurrency), "--duration", str(duration),
@@ -269,30 +300,51 @@ def compare(args: argparse.Namespace) -> dict:
             running[kind] = _start(kind, repo, work, args.server_core)
         for round_index in range(args.rounds):
             for kind in servers:  # servers take turns cell by cell
-                _, http_port, grpc_port = running[kind]
+                proc, http_port, grpc_port = running[kind]
                 for protocol, port in (("http-binary", http_port), ("grpc", grpc_port)):
                     for concurrency in args.concurrency:
-                        cell = _load(args.client_core, port, protocol, concurrency, args.duration)
+                        cell = _with_cpu(proc.pid, lambda: _load(args.client_core, port, protocol, concurrency, args.duration),
+                                         args.duration)
                         results.setdefault((kind, f"add_sub {protocol}", concurrency), []).append(cell)
                 for concurrency in (1, 4):
-                    cell = _mb(args.client_core, http_port, concurrency, args.duration)
+                    cell = _with_cpu(proc.pid, lambda: _mb(args.client_core, http_port, concurrency, args.duration),
+                                     args.duration)
                     results.setdefault((kind, "identity 1MiB http-binary", concurrency), []).append(cell)
     finally:
         for proc, _, _ in running.values():
             _stop(proc)
         shutil.rmtree(work, ignore_errors=True)
     table = []
-    print(f"{'server':8} {'workload':28} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8}  errors")
+    print(f"{'server':8} {'workload':28} {'c':>3} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'cpu us/req':>10}  errors")
     for (kind, workload, concurrency), cells in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         good = [c for c in cells if "error" not in c]
         if not good:
             print(f"{kind:8} {workload:28} {concurrency:>3} error: {cells[0]['error']}")
             continue
         best = sorted(good, key=lambda c: c["infer_per_sec"])[len(good) // 2]  # median round
+        cpu = statistics.median(c["cpu_us_per_req"] for c in good if "cpu_us_per_req" in c) if any(
+            "cpu_us_per_req" in c for c in good) else 0.0
         print(f"{kind:8} {workload:28} {concurrency:>3} {best['infer_per_sec']:9.1f} {best['p50_ms'] or 0:8.3f} "
-              f"{best['p99_ms'] or 0:8.3f}  {best.get('errors', 0)}")
-        table.append({"server": kind, "workload": workload, "concurrency": concurrency, **best})
+              f"{best['p99_ms'] or 0:8.3f} {cpu:10.0f}  {best.get('errors', 0)}")
+        table.append({"server": kind, "workload": workload, "concurrency": concurrency, **best, "cpu_us_per_req_median": cpu})
+    _print_ratios(table)
     return {"cells": table}
+
+
+def _print_ratios(table: list[dict]) -> None:
+    """Naiad / Triton per cell: measured throughput, and per-core capacity from CPU per request."""
+    by_key = {(c["server"], c["workload"], c["concurrency"]): c for c in table}
+    lines = []
+    for (server, workload, concurrency), cell in sorted(by_key.items(), key=lambda kv: (kv[0][1], kv[0][2])):
+        peer = by_key.get(("triton", workload, concurrency))
+        if server != "naiad" or peer is None:
+            continue
+        cpu = (peer["cpu_us_per_req_median"] / cell["cpu_us_per_req_median"]) if cell["cpu_us_per_req_median"] else 0.0
+        lines.append(f"  {workload:28} c={concurrency:<3} throughput {cell['infer_per_sec'] / peer['infer_per_sec']:.2f}x"
+                     f"   per-core capacity (CPU/request) {cpu:.2f}x")
+    if lines:
+        print("naiad / triton:")
+        print("\n".join(lines))
 
 
 def main() -> int:

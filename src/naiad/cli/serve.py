@@ -11,6 +11,7 @@ import sys
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.observability.log_settings import LogSettings, SettingsFilter, TritonFormatter
+from naiad.runtime.memory import keep_freed_buffers
 
 log = logging.getLogger("naiad")
 
@@ -90,6 +91,7 @@ async def _serve(config: ServerConfig) -> int:
 
 
 def run_serve(config: ServerConfig) -> int:
+    keep_freed_buffers()
     try:
         import uvloop
     except ImportError:

@@ -97,3 +97,20 @@ def test_resolve_launch_defaults_to_this_interpreter(tmp_path):
     assert launch.python == sys.executable
     with pytest.raises(ExecutionEnvError):
         resolve_launch(str(tmp_path), tmp_path)  # a directory without bin/python
+
+
+def test_custom_stub_in_model_directory_is_not_needed(repo):
+    """Triton's per-model `triton_python_backend_stub` (a binary built for the env's Python) is ignored:
+    the worker is plain Python and runs under the EXECUTION_ENV_PATH interpreter, whatever its version."""
+    model_dir = repo / "in_dir_env"
+    marker = model_dir / "stub-ran"
+    stub = model_dir / "triton_python_backend_stub"
+    stub.write_text(f"#!/bin/sh\ntouch '{marker}'\nexit 1\n")
+    stub.chmod(0o755)
+    try:
+        with Server(model_repository=str(repo)) as server:
+            info = _info(server, "in_dir_env")
+        assert info["executable"].startswith(str(model_dir / "env"))
+        assert not marker.exists()
+    finally:
+        stub.unlink()

@@ -177,3 +177,20 @@ def test_unhealthy_while_restarting_then_healthy(tmp_path, prefix):
     assert second not in (0, first)
     assert errors and errors[0].error.message == "Stub process 'restart_0' is not healthy."
     assert not pid_alive(second)
+
+
+def test_request_queued_behind_a_killed_worker_runs_on_its_replacement(tmp_path, prefix):
+    """One instance, default scheduler: B waits at the worker behind A; killing the worker fails A only."""
+    model_dir = write_model(tmp_path, "pids", PID_CONFIG % 1, PID_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        worker = server.models.lookup("pids").pool.instances[0].pid
+        first = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(30)), server._loop)
+        wait_for(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
+        second = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(0)), server._loop)
+        instance = server.models.lookup("pids").pool.instances[0]
+        wait_for(lambda: len(instance._serving._batches) == 2)  # B was sent to the worker, behind A
+        os.kill(worker, signal.SIGKILL)
+        with pytest.raises(NaiadError, match="not healthy"):
+            first.result(30)
+        pid = int(second.result(60).output("PID").data[0])
+        assert pid != worker and pid_alive(pid)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from naiad.backends.python.framing import FrameDecoder, encode
-from naiad.backends.python.shm import MIN_BLOCK, BlockPool, PeerBlocks, remove_prefixed, shm_create
+from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, BlockPool, block_size_for, PeerBlocks, remove_prefixed, shm_create
 from naiad.backends.python.tensors import datatype_of, decode_bytes, encode_bytes, pack, unpack_one
 
 
@@ -27,15 +27,28 @@ def _names(prefix: str) -> list[str]:
 def test_pool_reuses_released_blocks(prefix):
     pool = BlockPool(prefix)
     first = pool.acquire(100)
-    assert first.size == MIN_BLOCK
+    assert first.size == DEFAULT_BYTE_SIZE
     pool.release(first.name)
-    again = pool.acquire(MIN_BLOCK)
+    again = pool.acquire(DEFAULT_BYTE_SIZE)
     assert again.name == first.name
-    bigger = pool.acquire(MIN_BLOCK + 1)
-    assert bigger.size == 2 * MIN_BLOCK and bigger.name != first.name
+    bigger = pool.acquire(DEFAULT_BYTE_SIZE + 1)
+    assert bigger.size == 2 * DEFAULT_BYTE_SIZE and bigger.name != first.name
     assert pool.in_use() == 2
     pool.close()
     assert _names(prefix) == []
+
+
+def test_block_sizes_follow_default_and_growth(prefix):
+    assert block_size_for(1, 4096, 1000) == 4096
+    assert block_size_for(4097, 4096, 1000) == 5096
+    assert block_size_for(10_000, 4096, 1000) == 10_096
+    pool = BlockPool(prefix, 4096, 4096)
+    pool.prewarm()
+    assert pool.in_use() == 0 and len(_names(prefix)) == 1  # one default block, ready in the free list
+    block = pool.acquire(3 * 4096 + 1)
+    assert block.size == 4 * 4096
+    assert pool.acquire(10).size == 4096  # the prewarmed block
+    pool.close()
 
 
 def test_peer_mapping_unlinks_the_name(prefix):

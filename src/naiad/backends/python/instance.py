@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 
@@ -12,7 +13,8 @@ from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, M
 from naiad.backends.python.launcher import Launch
 from naiad.backends.python.session import WorkerSession, WorkerStartError
 from naiad.config.model_config import config_to_json, datatype_name
-from naiad.protocol.errors import internal
+from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
+from naiad.protocol.errors import internal, invalid_arg
 
 log = logging.getLogger("naiad.python")
 
@@ -20,6 +22,21 @@ KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_
               mc.ModelInstanceGroup.KIND_MODEL: "MODEL", mc.ModelInstanceGroup.KIND_AUTO: "CPU"}
 READY_CHECK_INTERVAL = 1.0
 MAX_RESTART_DELAY = 30.0
+PIPELINE_DEPTH = 2  # batches one worker holds at once under the default scheduler (see execute_requests)
+
+
+def _byte_size(settings: dict[str, str], key: str, default: int) -> int:
+    """A positive byte count from --backend-config python,<key>=<n>."""
+    raw = settings.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise invalid_arg(f"--backend-config python,{key} must be a positive number of bytes, got '{raw}'")
+    return value
 
 
 def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
@@ -45,6 +62,8 @@ class PythonInstance:
         settings = source.backend_settings
         self._stub_timeout = float(settings.get("stub-timeout-seconds", "30") or 30)
         self._shm_prefix = "".join(c for c in settings.get("shm-region-prefix-name", "naiad_py_") if c not in "/\\")
+        self._shm_sizes = (_byte_size(settings, "shm-default-byte-size", DEFAULT_BYTE_SIZE),
+                           _byte_size(settings, "shm-growth-byte-size", GROWTH_BYTE_SIZE))
         self._init = {
             "model_file": str(source.model_file),
             "args": initialize_args(source, spec),
@@ -52,6 +71,7 @@ class PythonInstance:
             "model_name": source.config.name,
             "model_version": source.version,
             "log_verbose": log_verbose,
+            "shm_sizes": self._shm_sizes,
         }
         self._input_types = {t.name: datatype_name(t.data_type) for t in source.config.input}
         self._serving: WorkerSession | None = None
@@ -62,12 +82,21 @@ class PythonInstance:
         self._ready_checked = 0.0
         self._ready_task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Only a lone instance under the default scheduler: with several, a queued request could wait
+        # behind a long execute while another worker sits idle.
+        self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
+                           and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
+        self._pipeline: collections.deque[asyncio.Future] = collections.deque()
+        self._unstarted: list[tuple] = []  # queued at a worker that died before running them
 
     # ------------------------------------------------------------ worker management
 
     def _new_session(self) -> WorkerSession:
-        return WorkerSession(self.name, self._launch, self._init, self._input_types, self._source.server,
-                             self._shm_prefix, self._on_death)
+        session = WorkerSession(self.name, self._launch, self._init, self._input_types, self._source.server,
+                                self._shm_prefix, self._on_death, self._shm_sizes)
+        if self._pipelined:
+            session.keep_unstarted = self._unstarted.extend
+        return session
 
     async def _start_session(self) -> WorkerSession:
         session = self._new_session()
@@ -114,9 +143,28 @@ class PythonInstance:
                     return
                 self._serving = session
                 log.info("model instance '%s' is ready again (worker pid %d)", self.name, session.pid)
+                self._resubmit(session)
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, MAX_RESTART_DELAY)
+
+    def _resubmit(self, session: WorkerSession | None) -> None:
+        """Run the batches a dead worker never started on its replacement (Triton would still have had
+        them in its queue); without one, they fail like the batch that was running."""
+        batches, self._unstarted = self._unstarted, []
+        for requests, respond, future in batches:
+            try:
+                if session is None:
+                    raise internal(f"Stub process '{self.name}' is not healthy.")
+                done = session.submit(requests, respond)
+            except Exception as exc:  # no worker, or sending failed: answer like execute_requests does
+                error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+                for index in range(len(requests)):
+                    respond(index, BackendResponse(None, error=error, final=True))
+                if not future.done():
+                    future.set_result(None)
+                continue
+            done.add_done_callback(lambda _, future=future: future.done() or future.set_result(None))
 
     @property
     def pid(self) -> int:
@@ -141,7 +189,18 @@ class PythonInstance:
             return
         if session.info.get("async_execute"):
             return  # async execute: the instance takes the next batch while this one runs
-        await done
+        if not self._pipelined:
+            await done
+            return
+        # Default scheduler: the next request is already queued in the worker's socket while this one
+        # runs, so the worker goes from one execute to the next without sleeping in between (and both
+        # processes wake up less often). The worker still runs one execute at a time.
+        pipeline = self._pipeline
+        pipeline.append(done)
+        while len(pipeline) >= PIPELINE_DEPTH:
+            await pipeline[0]
+            while pipeline and pipeline[0].done():
+                pipeline.popleft()
 
     def healthy(self) -> bool:
         session = self._serving
@@ -187,3 +246,4 @@ class PythonInstance:
             if session is not None:
                 await session.finalize(self._stub_timeout)
         self._serving = None
+        self._resubmit(None)

@@ -60,9 +60,9 @@ class WorkerRuntime:
     """Installed into pb_utils; owns the worker's channel, its output blocks and the server's blocks it reads."""
 
     def __init__(self, channel: BlockingChannel, prefix: str, decoupled: bool, model_name: str, model_version: int,
-                 log_verbose: int) -> None:
+                 log_verbose: int, shm_sizes: tuple[int, int] | None = None) -> None:
         self.channel = channel
-        self.pool = BlockPool(prefix)
+        self.pool = BlockPool(prefix, *(shm_sizes or ()))
         self.peers = PeerBlocks()
         self.decoupled = decoupled
         self.model_name = model_name

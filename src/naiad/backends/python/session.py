@@ -19,7 +19,7 @@ from naiad.backends.python import bls
 from naiad.backends.python.framing import FrameDecoder, encode
 from naiad.backends.python.launcher import Launch, spawn
 from naiad.backends.python.outputs import OutputReader
-from naiad.backends.python.shm import BlockPool, PeerBlocks, remove_prefixed
+from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE, BlockPool, PeerBlocks, remove_prefixed
 from naiad.backends.python.tensors import datatype_of, pack
 from naiad.protocol.errors import ErrorCode, NaiadError, internal
 
@@ -86,7 +86,8 @@ class WorkerSession:
     """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
 
     def __init__(self, name: str, launch: Launch, init: dict, input_types: dict[str, str],
-                 services: ServerServices | None, shm_prefix: str, on_death: Callable[["WorkerSession"], None]) -> None:
+                 services: ServerServices | None, shm_prefix: str, on_death: Callable[["WorkerSession"], None],
+                 shm_sizes: tuple[int, int] = (DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE)) -> None:
         self.name = name
         self._launch = launch
         self._init = dict(init)
@@ -96,7 +97,7 @@ class WorkerSession:
         token = secrets.token_hex(4)
         self._server_prefix = f"{shm_prefix}{token}s"
         self._worker_prefix = f"{shm_prefix}{token}w"
-        self.pool = BlockPool(self._server_prefix)
+        self.pool = BlockPool(self._server_prefix, *shm_sizes)
         self.peers = PeerBlocks()
         self.outputs: OutputReader | None = None
         self._batches: dict[int, _Batch] = {}
@@ -113,6 +114,9 @@ class WorkerSession:
         self.alive = False
         self.closing = False
         self.info: dict = {}
+        # Set by an instance that queues several batches at this worker: receives (requests, respond,
+        # future) of the batches that had not started when the worker died.
+        self.keep_unstarted: Callable[[list[tuple]], None] | None = None
         self.pid = 0
 
     # ------------------------------------------------------------ start / stop
@@ -129,8 +133,14 @@ class WorkerSession:
         transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
         self._transport = transport
         self._init["prefix"] = self._worker_prefix
+        try:
+            self._init["prewarmed"] = self.pool.prewarm()
+        except OSError:  # no room in /dev/shm now: blocks are created on demand (and fail there, per request)
+            self._init["prewarmed"] = None
         self.send(("init", self._init))
         self.info = await self._started
+        if self.info.get("prewarmed"):
+            self.peers.view(self.info["prewarmed"])
         return self.info
 
     def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -197,7 +207,10 @@ class WorkerSession:
             detail = f" (exit code {code})" if code is not None else ""
             self._started.set_exception(WorkerStartError(
                 f"the worker process of '{self.name}' exited during start-up{detail}; see the server log for its output"))
-        for batch in list(self._batches.values()):
+        batches = list(self._batches.values())
+        if self.keep_unstarted is not None and not self.info.get("async_execute"):
+            batches = self._hand_back_unstarted(batches)
+        for batch in batches:
             for index in sorted(batch.open):
                 batch.respond(index, BackendResponse(None, error=internal(message), final=True))
             batch.open.clear()
@@ -221,6 +234,15 @@ class WorkerSession:
         self._exited.set()
         if not self.closing:
             self._on_death(self)
+
+    def _hand_back_unstarted(self, batches: list[_Batch]) -> list[_Batch]:
+        """Batches queued behind the one the worker was running never started (it runs them in order):
+        they go to `keep_unstarted` to run on the next worker; the rest fail."""
+        running = next((i for i, batch in enumerate(batches) if not batch.done), len(batches))
+        unstarted = [b for b in batches[running + 1:] if not b.done and len(b.open) == len(b.requests)]
+        if unstarted:
+            self.keep_unstarted([(b.requests, b.respond, b.future) for b in unstarted])
+        return [b for b in batches if b not in unstarted]
 
     # ------------------------------------------------------------ sending
 
@@ -294,11 +316,13 @@ class WorkerSession:
                 self.pool.release(batch.block)
 
     def _on_done(self, message: tuple) -> None:
-        _, batch_id, block, responses, error = message
+        _, batch_id, block, responses, error, rescheduled = message
         batch = self._batches.get(batch_id)
         if batch is None:
             self.outputs.done_with(block)
             return
+        for index in rescheduled:
+            self._reschedule(batch, index)
         if error is not None:
             failure = error_of(error)
             for index in sorted(batch.open):
@@ -319,6 +343,21 @@ class WorkerSession:
         if not batch.future.done():
             batch.future.set_result(None)
         self._close_if_complete(batch_id, batch)
+
+    def _reschedule(self, batch: _Batch, index: int) -> None:
+        """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer
+        part of this batch), or answer it with an error when the model's scheduler cannot run it again."""
+        if index not in batch.open:
+            return  # already completed (a decoupled model sent FINAL): nothing to run again
+        batch.open.discard(index)
+        reschedule = batch.requests[index].reschedule
+        if reschedule is None:
+            batch.respond(index, BackendResponse(None, error=internal(
+                "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, but the scheduler of model "
+                f"'{self._init['model_name']}' cannot reschedule requests: use 'sequence_batching {{ iterative_sequence: "
+                "true }' or no batching scheduler"), final=True))
+            return
+        reschedule()
 
     def _on_response(self, message: tuple) -> None:
         _, batch_id, index, block, metas, parameters, err, final = message

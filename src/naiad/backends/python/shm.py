@@ -12,7 +12,10 @@ except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
 SHM_DIR = "/dev/shm"
-MIN_BLOCK = 64 * 1024
+# Defaults of `--backend-config python,shm-default-byte-size=` / `shm-growth-byte-size=`. Smaller than
+# Triton's 1 MiB: blocks are per message, and many instances must fit Docker's default 64 MB /dev/shm.
+DEFAULT_BYTE_SIZE = 64 * 1024
+GROWTH_BYTE_SIZE = 64 * 1024
 MAX_FREE_BLOCKS = 8
 MAX_POOLED_BYTES = 64 * 1024 * 1024
 
@@ -82,11 +85,11 @@ def _close_map(mapping: mmap.mmap) -> None:
         pass  # numpy views are still alive: the mapping goes away with the last of them
 
 
-def block_size_for(nbytes: int) -> int:
-    size = MIN_BLOCK
-    while size < nbytes:
-        size <<= 1
-    return size
+def block_size_for(nbytes: int, default_size: int = DEFAULT_BYTE_SIZE, growth: int = GROWTH_BYTE_SIZE) -> int:
+    """The default size, or for more data the default grown by whole growth increments."""
+    if nbytes <= default_size:
+        return default_size
+    return default_size + -(-(nbytes - default_size) // growth) * growth
 
 
 class Block:
@@ -105,10 +108,14 @@ class BlockPool:
 
     A block is shared by exactly two processes, its creator and its peer; the peer unlinks the name
     as soon as it mapped it, so the kernel frees the memory once both unmapped it, however they end.
+    Blocks are `default_size` bytes (Triton's shm-default-byte-size); data that does not fit gets a
+    block grown by whole `growth` increments (shm-growth-byte-size).
     """
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str, default_size: int = DEFAULT_BYTE_SIZE, growth: int = GROWTH_BYTE_SIZE) -> None:
         self.prefix = prefix
+        self.default_size = default_size
+        self.growth = growth
         self._counter = 0
         self._lock = threading.Lock()
         self._free: list[Block] = []
@@ -130,11 +137,20 @@ class BlockPool:
                 return best
             self._counter += 1
             name = f"{self.prefix}{self._counter}"
-        size = block_size_for(nbytes)
+        size = block_size_for(nbytes, self.default_size, self.growth)
         block = Block(name, size, shm_create(name, size))
         with self._lock:
             self._used[name] = block
         return block
+
+    def prewarm(self) -> str:
+        """Create the first default-size block now (the first request need not pay for it); its name.
+
+        The peer should map it right away (PeerBlocks.view), which also unlinks the name.
+        """
+        name = self.acquire(self.default_size).name
+        self.release(name)
+        return name
 
     def release(self, name: str) -> None:
         with self._lock:

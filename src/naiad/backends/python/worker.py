@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
 import importlib.util
 import inspect
 import json
@@ -86,7 +88,7 @@ class Worker:
         self.channel = channel
         self.init = init
         self.runtime = WorkerRuntime(channel, init["prefix"], init["decoupled"], init["model_name"],
-                                     init["model_version"], init.get("log_verbose", 0))
+                                     init["model_version"], init.get("log_verbose", 0), init.get("shm_sizes"))
         self.runtime.on_health = self._on_health
         self.model: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -116,7 +118,14 @@ class Worker:
             self.channel.send(("init_error", format_exception(exc)))
             return False
         _runtime.set_phase("execute")
-        self.channel.send(("ready", {"async_execute": self.async_execute,
+        prewarmed = None
+        try:
+            if self.init.get("prewarmed"):
+                self.runtime.peers.view(self.init["prewarmed"])
+            prewarmed = self.runtime.pool.prewarm()
+        except OSError:  # no room in /dev/shm now: blocks are created on demand (and fail there, per request)
+            pass
+        self.channel.send(("ready", {"async_execute": self.async_execute, "prewarmed": prewarmed,
                                      "has_is_ready": callable(getattr(self.model, "is_ready", None))}))
         return True
 
@@ -159,13 +168,16 @@ class Worker:
         return (text, "INTERNAL")
 
     def _finish(self, batch_id: int, requests: list, result: Any) -> None:
-        """Send the batch's "done" message: responses of a default-mode model, or just completion."""
+        """Send the batch's "done" message: responses of a default-mode model, or just completion.
+
+        Its last field lists the requests released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE.
+        """
         if self.runtime.decoupled or result is None:
             error = None
             if result is not None:
                 error = (f"Python model '{self.instance_name}' is using the decoupled mode and the execute function "
                          "must return None.", "INTERNAL")
-            self.channel.send(("d", batch_id, None, None, error))
+            self.channel.send(("d", batch_id, None, None, error, _rescheduled(requests) if error is None else ()))
             return
         if not isinstance(result, list):
             raise ReturnValueError(f"Expected a list in the execute return, found type '{type(result)}'.")
@@ -173,14 +185,19 @@ class Worker:
             raise ReturnValueError(
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
+        rescheduled = _rescheduled(requests)
         groups, extras = [], []
-        for request, response in zip(requests, result):
+        for index, (request, response) in enumerate(zip(requests, result)):
+            if index in rescheduled:
+                if response is not None:
+                    raise ReturnValueError("Expected a None object in the execute function return list for reschduled "
+                                           f"request, found type '{type(response)}'.")
+                groups.append([])
+                extras.append((None, None, None))
+                continue
             if response is None:
                 groups.append([])
-                rescheduled = request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-                extras.append((None, None, ("request rescheduling (TRITONSERVER_REQUEST_RELEASE_RESCHEDULE) is not "
-                                            "supported by this server" if rescheduled else
-                                            "execute() returned None for a request", "UNSUPPORTED" if rescheduled else "INTERNAL")))
+                extras.append((None, None, ("execute() returned None for a request", "INTERNAL")))
                 continue
             if not isinstance(response, pb_utils.InferenceResponse):
                 raise ReturnValueError("Expected an 'InferenceResponse' object in the execute function return list, "
@@ -194,7 +211,7 @@ class Worker:
                 extras.append((True, response.parameters(), None))
         block, metas = pack(self.runtime.pool, groups)
         responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
-        self.channel.send(("d", batch_id, block, responses, None))
+        self.channel.send(("d", batch_id, block, responses, None, rescheduled))
 
     def _run_batch(self, message: tuple) -> None:
         batch_id = message[1]
@@ -203,7 +220,7 @@ class Worker:
             result = self.model.execute(requests)
             self._finish(batch_id, requests, result)
         except BaseException as exc:  # the whole batch fails with the exception's text
-            self.channel.send(("d", batch_id, None, None, self._failure(exc)))
+            self.channel.send(("d", batch_id, None, None, self._failure(exc), ()))
 
     def _start_async_batch(self, message: tuple) -> None:
         self.loop.create_task(self._run_async_batch(message))
@@ -215,7 +232,7 @@ class Worker:
             result = await self.model.execute(requests)
             self._finish(batch_id, requests, result)
         except BaseException as exc:  # the whole batch fails with the exception's text
-            self.channel.send(("d", batch_id, None, None, self._failure(exc)))
+            self.channel.send(("d", batch_id, None, None, self._failure(exc), ()))
 
     # ------------------------------------------------------------ main loop and finalize
 
@@ -256,6 +273,12 @@ class Worker:
         _exit(self.runtime, 0)
 
 
+def _rescheduled(requests: list) -> tuple:
+    """Indices of the requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
+    flag = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+    return tuple(i for i, request in enumerate(requests) if request.release_flags() == flag)
+
+
 def _exit(runtime: WorkerRuntime, code: int) -> None:
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -283,6 +306,17 @@ def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
         channel.send(("auto_error", format_exception(exc)))
 
 
+def _keep_freed_buffers() -> None:
+    """Reuse freed tensor-sized buffers (as the server does, see naiad.runtime.memory.keep_freed_buffers):
+    glibc would otherwise unmap each one and page-fault a fresh one in for the next request."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        pass
+
+
 def main(argv: list) -> None:
     """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
     for stream in (sys.stdout, sys.stderr):
@@ -290,6 +324,7 @@ def main(argv: list) -> None:
             stream.reconfigure(line_buffering=True)
         except (AttributeError, ValueError):
             pass
+    _keep_freed_buffers()
     sock = socket.socket(fileno=int(argv[0]))
     channel = BlockingChannel(sock)
     message = channel.receive()
