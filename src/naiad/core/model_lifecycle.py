@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from naiad.backends.registry import BackendRegistry
-from naiad.config.ensemble import composing_models
+from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError
 from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
-from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, prepare_model
+from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, instances_memory_bytes, prepare_model
 from naiad.core.model_version import ModelVersion
 from naiad.scheduling.rate_limiter import RateLimiter
 from naiad.core.model_warmup import warm_up
@@ -278,9 +278,7 @@ class ModelLifecycle:
                 # Measured: what this process grew by, plus worker processes' own memory. Freed memory
                 # of evicted models is reused without RSS growing, so the version's files (weights are
                 # resident once loaded) are the floor of the measurement.
-                measured = max(rss_bytes() - rss_before, 0) + sum(
-                    inst.memory_bytes() for inst in instances if hasattr(inst, "memory_bytes")
-                )
+                measured = max(rss_bytes() - rss_before, 0) + instances_memory_bytes(instances)
                 model.memory_bytes = max(measured, _directory_bytes(prepared.versions[version]))
                 new_versions[version] = model
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
@@ -312,7 +310,9 @@ class ModelLifecycle:
         if old:
             release_free_memory()
         if record.ready():
-            self.residency.loaded(name, sum(m.memory_bytes for m in record.ready().values()))
+            ready = record.ready().values()
+            workers = tuple(i for m in ready for i in getattr(m.pool, "instances", []) if hasattr(i, "pid"))
+            self.residency.loaded(name, sum(m.memory_bytes for m in ready), workers)
         if failed:
             raise self._load_error(record, failed)
 
@@ -335,18 +335,25 @@ class ModelLifecycle:
                     self.records[dependency].dependency_of.add(config.name)
         finally:
             _LOADING.reset(token)
+        decoupled_steps: set[int] = set()
         for index, step in enumerate(config.ensemble_scheduling.step):
             version = str(step.model_version) if step.model_version >= 0 else ""
             try:
                 model = self.lookup(step.model_name, version)
             except NaiadError as exc:
                 raise invalid_arg(f"ensemble '{config.name}' step {index}: {exc.message}") from None
+            if model.decoupled:
+                decoupled_steps.add(index)
             for key in step.input_map:
                 if key not in model.inputs:
                     raise invalid_arg(f"ensemble '{config.name}' step {index}: '{key}' is not an input of model '{model.name}'")
             for key in step.output_map:
                 if key not in model.outputs:
                     raise invalid_arg(f"ensemble '{config.name}' step {index}: '{key}' is not an output of model '{model.name}'")
+        try:
+            apply_decoupled_steps(config, decoupled_steps)
+        except ConfigError as exc:
+            raise invalid_arg(str(exc)) from None
 
     async def _create_instances(self, prepared: PreparedModel, version: int) -> list:
         """Create every instance of a version in parallel; on any failure close those already made."""

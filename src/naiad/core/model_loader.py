@@ -16,6 +16,7 @@ from naiad.config.model_config import ConfigError, load_config_file, parse_confi
 from naiad.config.server_config import ServerConfig
 from naiad.config.validation import validate_config
 from naiad.repository.local import config_file, version_directories
+from naiad.runtime.memory import rss_bytes
 from naiad.runtime.devices import gpu_count
 
 log = logging.getLogger(__name__)
@@ -139,3 +140,14 @@ def instance_source(
             raise ConfigError(f"unable to find '{model_file}' for model '{config.name}' version {version}")
     source = ModelSource(config, version, prepared.model_dir, version_dir, model_file, backend_settings, server)
     return backend, source
+
+
+def instances_memory_bytes(instances: list) -> int:
+    """Memory instances hold outside this process: their own report, else their worker's RSS."""
+    total = 0
+    for instance in instances:
+        if hasattr(instance, "memory_bytes"):
+            total += instance.memory_bytes()
+        elif getattr(instance, "pid", 0):
+            total += rss_bytes(instance.pid)  # a Python-backend worker process
+    return total

@@ -8,7 +8,13 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from naiad.runtime.memory import rss_bytes
+
 log = logging.getLogger("naiad.residency")
+
+# Past HIGH_WATERMARK of the budget, evict down to LOW_WATERMARK of it: what requests and first
+# executions allocate between two checks then fits under the budget, and evictions come in batches.
+HIGH_WATERMARK, LOW_WATERMARK = 0.95, 0.85
 
 
 @dataclass
@@ -18,11 +24,16 @@ class Resident:
     memory_bytes: int = 0
     last_used: float = 0.0
     in_flight: int = 0
+    workers: tuple = ()  # its instances that run in their own process (a `pid` attribute, 0 when none)
 
 
 class ResidencyManager:
     """Evicts least-recently-used idle models to stay under a budget, and models idle too long.
 
+    The budget bounds what the server and its models' worker processes grew by since it started
+    (`measure()`, by default their RSS, minus the base read at construction), or the sum of the
+    models' load-time measurements if that is larger: a small model's load barely moves RSS
+    (freed heap is reused) while its first requests, and a backend's one-time start-up, do.
     Pinned models (named by --load-model) are never evicted. `unload(name, reason)` is the
     lifecycle's unload; evictions are counted per reason for the metrics.
     """
@@ -33,12 +44,16 @@ class ResidencyManager:
         idle_unload_secs: float | None,
         pinned: set[str],
         unload: Callable[[str, str], Awaitable[None]],
+        measure: Callable[[], int] | None = None,
     ) -> None:
         self.budget_bytes = budget_bytes
         self.idle_unload_secs = idle_unload_secs
         self.pinned = pinned
         self._unload = unload
         self.residents: dict[str, Resident] = {}
+        self._holds: dict[str, int] = {}  # models requests are waiting to load: not evicted meanwhile
+        self._measure = measure or self.resident_set_bytes
+        self.base_bytes = self._measure() if budget_bytes is not None else 0
         self.evictions: dict[str, int] = {"memory_budget": 0, "idle": 0}
         self.loads = 0
         self._task: asyncio.Task | None = None
@@ -63,14 +78,26 @@ class ResidencyManager:
 
     # ------------------------------------------------------------ bookkeeping
 
-    def loaded(self, name: str, memory_bytes: int) -> None:
+    def loaded(self, name: str, memory_bytes: int, workers: tuple = ()) -> None:
         self.loads += 1
         resident = self.residents.setdefault(name, Resident())
         resident.memory_bytes = memory_bytes
+        resident.workers = workers
         resident.last_used = time.monotonic()
 
     def unloaded(self, name: str) -> None:
         self.residents.pop(name, None)
+
+    def hold(self, name: str) -> None:
+        """A request waits for `name` to load: keep it from eviction until it runs (`release`)."""
+        self._holds[name] = self._holds.get(name, 0) + 1
+
+    def release(self, name: str) -> None:
+        count = self._holds.get(name, 0) - 1
+        if count > 0:
+            self._holds[name] = count
+        else:
+            self._holds.pop(name, None)
 
     def begin_use(self, name: str) -> None:
         resident = self.residents.get(name)
@@ -84,42 +111,59 @@ class ResidencyManager:
             resident.in_flight -= 1
             resident.last_used = time.monotonic()
 
+    def resident_set_bytes(self) -> int:
+        """RSS of this process plus that of the loaded models' worker processes."""
+        workers = sum(rss_bytes(w.pid) for r in self.residents.values() for w in r.workers if w.pid)
+        return rss_bytes() + workers
+
     def used_bytes(self) -> int:
-        return sum(r.memory_bytes for r in self.residents.values())
+        """What counts against the budget: measured growth since start, at least the models' sum."""
+        attributed = sum(r.memory_bytes for r in self.residents.values())
+        if self.budget_bytes is None:
+            return attributed
+        return max(attributed, self._measure() - self.base_bytes)
 
     # ------------------------------------------------------------ eviction
 
-    def _victims(self, now: float) -> list[tuple[str, str]]:
+    def _evictable(self, keep: str) -> list[str]:
+        """Idle, unpinned residents, least recently used first."""
         idle = [
             (r.last_used, name) for name, r in self.residents.items()
-            if name not in self.pinned and r.in_flight == 0
+            if name not in self.pinned and name != keep and r.in_flight == 0 and name not in self._holds
         ]
-        idle.sort()
-        chosen: list[tuple[str, str]] = []
-        if self.idle_unload_secs is not None:
-            for last_used, name in idle:
-                if now - last_used >= self.idle_unload_secs:
-                    chosen.append((name, "idle"))
-        if self.budget_bytes is not None:
-            excess = self.used_bytes() - self.budget_bytes - sum(self.residents[n].memory_bytes for n, _ in chosen)
-            for _, name in idle:
-                if excess <= 0:
-                    break
-                if any(n == name for n, _ in chosen):
-                    continue
-                chosen.append((name, "memory_budget"))
-                excess -= self.residents[name].memory_bytes
-        return chosen
+        return [name for _, name in sorted(idle)]
+
+    async def _evict(self, name: str, reason: str) -> None:
+        log.info("evicting model '%s' (%s)", name, reason.replace("_", " "))
+        self.evictions[reason] += 1
+        await self._unload(name, f"unloaded (evicted: {reason.replace('_', ' ')})")
 
     async def enforce(self, keep: str = "") -> None:
-        """Unload what the budget and idle rules call for (never `keep`, the model just loaded)."""
+        """Unload what the idle and budget rules call for (never `keep`, the model just loaded).
+
+        Past HIGH_WATERMARK of the budget, evictions go one model at a time, least recently used
+        first, measuring again after each unload, until the server is under LOW_WATERMARK of it or
+        nothing idle is left to evict.
+        """
         async with self._lock:
-            for name, reason in self._victims(time.monotonic()):
-                if name == keep:
-                    continue
-                log.info("evicting model '%s' (%s)", name, reason.replace("_", " "))
-                self.evictions[reason] += 1
-                await self._unload(name, f"unloaded (evicted: {reason.replace('_', ' ')})")
+            if self.idle_unload_secs is not None:
+                now = time.monotonic()
+                for name in self._evictable(keep):
+                    resident = self.residents.get(name)
+                    if resident is not None and now - resident.last_used >= self.idle_unload_secs:
+                        await self._evict(name, "idle")
+            if self.budget_bytes is None:
+                return
+            if self.used_bytes() <= self.budget_bytes * HIGH_WATERMARK:
+                return
+            target = self.budget_bytes * LOW_WATERMARK
+            tried: set[str] = set()
+            while self.used_bytes() > target:
+                victims = [n for n in self._evictable(keep) if n not in tried]
+                if not victims:
+                    break
+                tried.add(victims[0])
+                await self._evict(victims[0], "memory_budget")
 
     async def _watch(self) -> None:
         period = 1.0 if self.idle_unload_secs is None else max(min(self.idle_unload_secs / 4, 1.0), 0.05)

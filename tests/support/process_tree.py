@@ -1,0 +1,40 @@
+"""Resident memory of a process and all its descendants (the server and its Python-backend workers)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, found by parent id (children spawned by any thread count)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        parents.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], [pid]
+    while stack:
+        for child in parents.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def rss(pid: int) -> int:
+    """Resident set size of one process in bytes (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def tree_rss(pid: int) -> tuple[int, int]:
+    """(RSS of the process itself, RSS of all its descendants), in bytes."""
+    return rss(pid), sum(rss(child) for child in descendants(pid))
