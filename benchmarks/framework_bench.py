@@ -21,11 +21,17 @@ statistics (inference_count / execution_count). The ceiling is the framework cal
 a time, one thread, pinned to the server's core, on batches of that size: rows/s = batch / time per call.
 Every answer is checked once against the framework before timing.
 
-Peer (--mlserver-venv, default /work/bench-venvs/mlserver when present, made by setup_peers.sh plus
-`pip install --no-deps mlserver-xgboost==1.7.1 xgboost-cpu==3.2.0` plus `pip install scipy scikit-learn`): MLServer 1.7.1 with its own
-XGBoost runtime (mlserver_xgboost.XGBoostModel, `debug: false`, `parallel_workers: 0`) serving the same
-xgboost.json on the same core, driven over HTTP JSON (MLServer has no binary REST extension) side by side
-with Naiad over HTTP JSON.
+Tree-model peers (the issue's XGBoost bar; --tree-concurrency 32, every server pinned to --server-core, run
+one after the other in each round, the order alternating between rounds):
+  - real Triton 2.51 (--triton-venv, default /work/triton-venv, started by benchmarks/start_triton.sh, with
+    `pip install xgboost-cpu==3.2.0` in that venv): its Python backend calling xgboost's inplace_predict on the
+    same xgboost.json (one instance, nthread 1, max_batch_size 4096, dynamic_batching {}), against Naiad over
+    HTTP binary and gRPC (--tree-protocols);
+  - MLServer 1.7.1 (--mlserver-venv, default /work/bench-venvs/mlserver, made by setup_peers.sh plus
+    `pip install --no-deps mlserver-xgboost==1.7.1 xgboost-cpu==3.2.0` plus `pip install scipy scikit-learn`)
+    with its own XGBoost runtime (mlserver_xgboost.XGBoostModel, `debug: false`, `parallel_workers: 0`) on the
+    same file, against Naiad over HTTP JSON (MLServer has no binary REST extension).
+--skip-ceilings runs only these peers.
 """
 
 from __future__ import annotations
@@ -252,7 +258,7 @@ def per_call_seconds(fn: Callable[[np.ndarray], np.ndarray], batch: np.ndarray, 
     return best
 
 
-def start_server(repo: Path, core: int) -> tuple[subprocess.Popen, int]:
+def start_server(repo: Path, core: int) -> tuple[subprocess.Popen, int, int]:
     command = ["taskset", "-c", str(core), sys.executable, "-m", "naiad", "serve", "--model-repository", str(repo),
                "--http-address", "127.0.0.1", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
                "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
@@ -262,7 +268,8 @@ def start_server(repo: Path, core: int) -> tuple[subprocess.Popen, int]:
     assert process.stdout is not None
     for line in process.stdout:
         if line.startswith("NAIAD_READY "):
-            return process, json.loads(line[len("NAIAD_READY "):])["http_port"]
+            ports = json.loads(line[len("NAIAD_READY "):])
+            return process, ports["http_port"], ports["grpc_port"]
         if time.monotonic() > deadline:
             break
     process.kill()
@@ -288,7 +295,7 @@ def start_mlserver(venv: Path, work: Path, model_file: Path, core: int) -> tuple
         "name": "xgboost_100x6", "implementation": "mlserver_xgboost.XGBoostModel", "parameters": {"uri": str(model_file)}}))
     log = open(work / "mlserver.log", "w")
     process = subprocess.Popen(["taskset", "-c", str(core), str(venv / "bin" / "mlserver"), "start", str(root)],
-                               stdout=log, stderr=subprocess.STDOUT, cwd=root, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                               stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -299,6 +306,70 @@ def start_mlserver(venv: Path, work: Path, model_file: Path, core: int) -> tuple
             time.sleep(0.5)
     process.kill()
     raise SystemExit(f"mlserver did not start; see {work / 'mlserver.log'}")
+
+
+TRITON_MODEL_PY = '''import numpy as np
+import xgboost as xgb
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.booster = xgb.Booster()
+        self.booster.load_model(f"{args['model_repository']}/{args['model_version']}/xgboost.json")
+        self.booster.set_param({"nthread": 1})
+
+    def execute(self, requests):
+        arrays = [pb_utils.get_input_tensor_by_name(r, "input__0").as_numpy() for r in requests]
+        x = np.concatenate(arrays) if len(arrays) > 1 else arrays[0]
+        y = self.booster.inplace_predict(x, validate_features=False).astype(np.float32).reshape(-1, 1)
+        responses, offset = [], 0
+        for a in arrays:
+            out = pb_utils.Tensor("output__0", y[offset:offset + len(a)])
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
+            offset += len(a)
+        return responses
+'''
+
+
+def start_triton(venv: Path, work: Path, model_file: Path, core: int) -> tuple[subprocess.Popen, int, int]:
+    """Real Triton 2.51, its Python backend calling xgboost (one instance, nthread 1, dynamic batching)."""
+    import shutil
+
+    model_dir = work / "triton_repo" / "xgboost_100x6"
+    (model_dir / "1").mkdir(parents=True)
+    shutil.copy(model_file, model_dir / "1" / "xgboost.json")
+    (model_dir / "1" / "model.py").write_text(TRITON_MODEL_PY)
+    (model_dir / "config.pbtxt").write_text(_config(
+        "xgboost_100x6", "python", _io("input", "input__0", [FEATURES]), _io("output", "output__0", [1]), 4096, {}))
+    http, grpc, metrics = free_port(), free_port(), free_port()
+    log = open(work / "triton.log", "w")
+    process = subprocess.Popen(["taskset", "-c", str(core), "bash", str(ROOT / "benchmarks" / "start_triton.sh"),
+                                str(work / "triton_repo"), str(http), str(grpc), str(metrics)],
+                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                               env=dict(os.environ, TRITON_VENV=str(venv), OMP_NUM_THREADS="1"))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/xgboost_100x6/ready", timeout=2) as r:
+                if r.status == 200:
+                    return process, http, grpc
+        except OSError:
+            time.sleep(0.5)
+    stop_group(process)
+    raise SystemExit(f"tritonserver did not start; see {work / 'triton.log'}")
+
+
+def stop_group(process: subprocess.Popen) -> None:
+    import signal
+
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
 
 
 def model_counts(port: int, model: str) -> tuple[int, int]:
@@ -348,10 +419,70 @@ def measure(case: Case, port: int, args: argparse.Namespace) -> Row:
                batch1, result.infer_per_sec / ceiling, result.errors)
 
 
+@dataclass
+class PeerRow:
+    """One server driven with the XGBoost tree model in the tree-peer comparison."""
+
+    round: int
+    server: str
+    protocol: str
+    infer_per_sec: float
+    p50_ms: float
+    p99_ms: float
+    batch_formed: float
+    errors: int
+
+
+def tree_peers(case: Case, servers: dict[str, dict[str, int]], args: argparse.Namespace, round_index: int) -> list[PeerRow]:
+    """Naiad vs real Triton (same protocols) and Naiad vs MLServer (HTTP JSON), interleaved, order alternating."""
+    os.sched_setaffinity(0, {args.client_core})
+    rows: list[PeerRow] = []
+    pairs = [(protocol, ["naiad", "triton"]) for protocol in args.tree_protocols] + [("http-json", ["naiad", "mlserver"])]
+    for protocol, names in pairs:
+        names = [n for n in names if n in servers and protocol in servers[n]]
+        if round_index % 2:
+            names.reverse()
+        for name in names:
+            port = servers[name][protocol]
+            before = model_counts(servers[name]["http-json"], case.model) if name != "mlserver" else (0, 0)
+            result = drive(case, port, args.tree_concurrency, args.duration, args.warmup, protocol,
+                           "predict" if name == "mlserver" else "")
+            after = model_counts(servers[name]["http-json"], case.model) if name != "mlserver" else (0, 1)
+            batch = (after[0] - before[0]) / max(after[1] - before[1], 1) if name != "mlserver" else float("nan")
+            rows.append(PeerRow(round_index, name, protocol, result.infer_per_sec, result.p50_ms, result.p99_ms, batch,
+                                result.errors))
+            print(f"  round {round_index + 1} {name:8s} {protocol:11s} c={args.tree_concurrency}: {result.infer_per_sec:7.0f}/s "
+                  f"p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms batch {batch:.1f}"
+                  + (f" ({result.errors} errors)" if result.errors else ""), flush=True)
+    return rows
+
+
+def print_tree_peers(rows: list[PeerRow], concurrency: int) -> None:
+    if not rows:
+        return
+    print(f"\nXGBoost 100x6 tree peers, concurrency {concurrency}, one core per server (best round; median in brackets)")
+    for protocol in dict.fromkeys(r.protocol for r in rows):
+        best = {}
+        for name in dict.fromkeys(r.server for r in rows if r.protocol == protocol):
+            values = sorted(r.infer_per_sec for r in rows if r.protocol == protocol and r.server == name)
+            best[name] = (values[-1], values[len(values) // 2])
+            print(f"  {protocol:11s} {name:8s} {values[-1]:7.0f}/s  [{values[len(values) // 2]:.0f}]")
+        for peer in ("triton", "mlserver"):
+            if peer in best and "naiad" in best:
+                per_round = [n.infer_per_sec / t.infer_per_sec
+                             for n in rows if n.protocol == protocol and n.server == "naiad"
+                             for t in rows if t.protocol == protocol and t.server == peer and t.round == n.round]
+                print(f"  {protocol:11s} naiad / {peer}: best {best['naiad'][0] / best[peer][0]:.2f}x, "
+                      f"per round {', '.join(f'{r:.2f}' for r in per_round)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description="Naiad framework backends vs the framework in-process")
     parser.add_argument("--frameworks", nargs="+", default=list(BUILDERS), choices=list(BUILDERS))
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--tree-concurrency", type=int, default=32, help="concurrency of the XGBoost peer comparison")
+    parser.add_argument("--tree-protocols", nargs="+", default=["http-binary", "grpc"], choices=["http-binary", "grpc"],
+                        help="protocols of the Naiad vs Triton comparison (MLServer is always HTTP JSON)")
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--rounds", type=int, default=1, help="repeat; the fastest round per model is reported")
@@ -360,6 +491,9 @@ def main() -> int:
     parser.add_argument("--output", type=Path, help="write every round's rows as JSON")
     parser.add_argument("--mlserver-venv", type=Path, default=Path("/work/bench-venvs/mlserver"),
                         help="MLServer venv with mlserver-xgboost for the XGBoost peer (skipped when absent)")
+    parser.add_argument("--triton-venv", type=Path, default=Path("/work/triton-venv"),
+                        help="venv of benchmarks/start_triton.sh with xgboost installed (skipped when absent)")
+    parser.add_argument("--skip-ceilings", action="store_true", help="only the XGBoost tree-peer comparison")
     args = parser.parse_args()
     import importlib.util
 
@@ -371,45 +505,46 @@ def main() -> int:
         repo = Path(work) / "models"
         repo.mkdir()
         cases = [BUILDERS[f](repo) for f in wanted]
-        process, port = start_server(repo, args.server_core)
-        peer = None
+        process, port, grpc_port = start_server(repo, args.server_core)
+        peers: dict[str, subprocess.Popen] = {}
+        servers = {"naiad": {"http-json": port, "http-binary": port, "grpc": grpc_port}}
         xgb_case = next((c for c in cases if c.framework == "xgboost"), None)
         rounds: list[list[Row]] = []
-        json_rounds: list[tuple[float, float]] = []  # (naiad, mlserver) infer/s over HTTP JSON, XGBoost model
+        peer_rows: list[PeerRow] = []
         try:
+            model_file = repo / "xgboost_100x6" / "1" / "xgboost.json"
             if xgb_case is not None and (args.mlserver_venv / "bin" / "mlserver").exists():
-                peer = start_mlserver(args.mlserver_venv, Path(work), repo / "xgboost_100x6" / "1" / "xgboost.json", args.server_core)
-            for _ in range(args.rounds):
-                rounds.append([measure(case, port, args) for case in cases])
-                if peer is not None and xgb_case is not None:
-                    os.sched_setaffinity(0, {args.client_core})
-                    ours = drive(xgb_case, port, args.concurrency, args.duration, args.warmup, "http-json")
-                    theirs = drive(xgb_case, peer[1], args.concurrency, args.duration, args.warmup, "http-json", "predict")
-                    json_rounds.append((ours.infer_per_sec, theirs.infer_per_sec))
+                peers["mlserver"], mlserver_port = start_mlserver(args.mlserver_venv, Path(work), model_file, args.server_core)
+                servers["mlserver"] = {"http-json": mlserver_port}
+            if xgb_case is not None and (args.triton_venv / "bin" / "python").exists():
+                peers["triton"], http, grpc = start_triton(args.triton_venv, Path(work), model_file, args.server_core)
+                servers["triton"] = {"http-json": http, "http-binary": http, "grpc": grpc}
+            for r in range(args.rounds):
+                if not args.skip_ceilings:
+                    rounds.append([measure(case, port, args) for case in cases])
+                if xgb_case is not None:
+                    peer_rows += tree_peers(xgb_case, servers, args, r)
         finally:
             process.terminate()
             process.wait(30)
-            if peer is not None:
-                peer[0].terminate()
-                peer[0].wait(30)
-    best = [max((r[i] for r in rounds), key=lambda row: row.infer_per_sec) for i in range(len(cases))]
-    print(f"\nconcurrency {args.concurrency}, HTTP binary, batch-1 requests, server on core {args.server_core}, "
-          f"{args.rounds} round(s) of {args.duration:g} s (fastest shown)")
-    print(f"{'framework':11s} {'model':16s} {'naiad/s':>9s} {'p50 ms':>7s} {'p99 ms':>7s} {'batch':>6s} "
-          f"{'ceiling/s':>10s} {'b1 ms':>6s} {'ratio':>6s}")
-    for row in best:
-        print(f"{row.framework:11s} {row.model:16s} {row.infer_per_sec:9.0f} {row.p50_ms:7.2f} {row.p99_ms:7.2f} "
-              f"{row.batch_formed:6.1f} {row.ceiling_rows_per_sec:10.0f} {row.batch1_ms:6.2f} {row.ratio:5.2f}x"
-              + (f"  ({row.errors} errors)" if row.errors else ""))
-    if json_rounds:
-        ours, theirs = max(json_rounds)
-        print(f"\nXGBoost over HTTP JSON, c={args.concurrency}: Naiad {ours:.0f}/s, MLServer (mlserver-xgboost) "
-              f"{max(t for _, t in json_rounds):.0f}/s -> {ours / max(t for _, t in json_rounds):.2f}x")
+            for peer in peers.values():
+                stop_group(peer)
+    if rounds:
+        best = [max((r[i] for r in rounds), key=lambda row: row.infer_per_sec) for i in range(len(cases))]
+        print(f"\nconcurrency {args.concurrency}, HTTP binary, batch-1 requests, server on core {args.server_core}, "
+              f"{args.rounds} round(s) of {args.duration:g} s (fastest shown)")
+        print(f"{'framework':11s} {'model':16s} {'naiad/s':>9s} {'p50 ms':>7s} {'p99 ms':>7s} {'batch':>6s} "
+              f"{'ceiling/s':>10s} {'b1 ms':>6s} {'ratio':>6s}")
+        for row in best:
+            print(f"{row.framework:11s} {row.model:16s} {row.infer_per_sec:9.0f} {row.p50_ms:7.2f} {row.p99_ms:7.2f} "
+                  f"{row.batch_formed:6.1f} {row.ceiling_rows_per_sec:10.0f} {row.batch1_ms:6.2f} {row.ratio:5.2f}x"
+                  + (f"  ({row.errors} errors)" if row.errors else ""))
+    print_tree_peers(peer_rows, args.tree_concurrency)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                            "rounds": [[asdict(r) for r in rows] for rows in rounds],
-                                           "xgboost_http_json_naiad_vs_mlserver": json_rounds}, indent=1))
+                                           "tree_peers": [asdict(r) for r in peer_rows]}, indent=1))
     return 0
 
 

@@ -106,6 +106,34 @@ def _is_batching(config: mc.ModelConfig) -> bool:
     return config.max_batch_size > 0
 
 
+def shap_dims(forest: Forest) -> list[int]:
+    """treeshap_output dims per row, as Triton FIL declares them: [n_features + 1], per class for multiclass."""
+    if forest.shap_groups > 1:
+        return [forest.shap_groups, forest.n_features + 1]
+    return [forest.n_features + 1]
+
+
+def _check_shap_output(name: str, tensor: mc.ModelOutput, forest: Forest, batching: bool) -> None:
+    if forest.contributions is None:
+        raise ConfigError(
+            f"model '{name}': output '{SHAP_OUTPUT_NAME}' needs the framework's TreeSHAP, which Naiad takes from "
+            f"XGBoost (model_type xgboost_json, xgboost_ubj, xgboost) and LightGBM (model_type lightgbm); this "
+            f"model is a {forest.model_type} predicted with {forest.engine}, which has none: remove the output"
+        )
+    if tensor.data_type != mc.TYPE_FP32:
+        raise ConfigError(
+            f"model '{name}': FIL tensor '{SHAP_OUTPUT_NAME}' must be TYPE_FP32, not {mc.DataType.Name(tensor.data_type)}"
+        )
+    expected = ([] if batching else [-1]) + shap_dims(forest)
+    dims = list(tensor.dims)
+    if len(dims) != len(expected) or any(d not in (-1, e) for d, e in zip(dims, expected)):
+        raise ConfigError(
+            f"model '{name}': output '{SHAP_OUTPUT_NAME}' dims {dims} do not match the model: expected "
+            f"{expected} (n_features + 1 = {forest.n_features + 1} values, bias last"
+            + (f", for each of {forest.shap_groups} classes" if forest.shap_groups > 1 else "") + ")"
+        )
+
+
 class FilBackend:
     """`backend: "fil"`: the tree model is loaded by its own framework, outputs follow RAPIDS FIL."""
 
@@ -136,11 +164,14 @@ class FilBackend:
             entry = config.output.add()
             entry.name, entry.data_type = OUTPUT_NAME, mc.TYPE_FP32
             entry.dims.extend(lead + [output_width(forest, params)])
+        # treeshap_output is only served when the config declares it (it costs far more than predict).
         for tensor in config.output:
             if tensor.data_type == mc.TYPE_INVALID:
                 tensor.data_type = mc.TYPE_FP32
             if not tensor.dims and tensor.name == OUTPUT_NAME:
                 tensor.dims.extend(lead + [output_width(forest, params)])
+            if not tensor.dims and tensor.name == SHAP_OUTPUT_NAME:
+                tensor.dims.extend(lead + shap_dims(forest))
         _check_io(config, forest, params)
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> FilInstance:
@@ -159,10 +190,13 @@ def _check_io(config: mc.ModelConfig, forest: Forest, params: FilParameters) -> 
         )
     if OUTPUT_NAME not in outputs:
         raise ConfigError(f"model '{name}': a FIL model's output must be named '{OUTPUT_NAME}'; the config has {sorted(outputs)}")
-    extra = sorted(set(outputs) - {OUTPUT_NAME})
+    extra = sorted(set(outputs) - {OUTPUT_NAME, SHAP_OUTPUT_NAME})
     if extra:
-        shap = " (treeshap_output is not supported by Naiad's CPU FIL backend)" if SHAP_OUTPUT_NAME in extra else ""
-        raise ConfigError(f"model '{name}': unsupported FIL outputs {extra}{shap}")
+        raise ConfigError(
+            f"model '{name}': unsupported FIL outputs {extra}; a FIL model has '{OUTPUT_NAME}' and optionally '{SHAP_OUTPUT_NAME}'"
+        )
+    if SHAP_OUTPUT_NAME in outputs:
+        _check_shap_output(name, outputs[SHAP_OUTPUT_NAME], forest, _is_batching(config))
     for tensor in (inputs[INPUT_NAME], outputs[OUTPUT_NAME]):
         if tensor.data_type != mc.TYPE_FP32:
             raise ConfigError(
@@ -209,7 +243,13 @@ class FilInstance:
             x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2:
             x = x.reshape(-1, self._n_features)
-        return {OUTPUT_NAME: predict_rows(self._forest, self._params, x, self._width)}
+        outputs: dict[str, np.ndarray] = {}
+        # Each output only when a request of the batch asked for it: SHAP costs many predicts.
+        if OUTPUT_NAME in batch.output_names or not batch.output_names:
+            outputs[OUTPUT_NAME] = predict_rows(self._forest, self._params, x, self._width)
+        if SHAP_OUTPUT_NAME in batch.output_names:
+            outputs[SHAP_OUTPUT_NAME] = self._forest.contributions(x)  # type: ignore[misc]  # checked at load
+        return outputs
 
     def close(self) -> None:
         self._forest = None  # type: ignore[assignment]

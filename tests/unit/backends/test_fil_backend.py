@@ -236,3 +236,23 @@ def test_model_type_is_read_from_the_file_name(tmp_path):
     assert fil_loaders.model_type_for_file(tmp_path / "weights.bin") is None
     with pytest.raises(ConfigError, match="set parameter model_type"):
         fil_loaders.resolve_model_file(tmp_path / "weights.bin", None)
+
+
+@pytest.mark.parametrize("key", ["xgb_binary", "xgb_multi", "xgb_softmax", "xgb_reg"])
+def test_direct_xgboost_predict_matches_inplace_predict_on_awkward_input(tmp_path, models, key):
+    path = fm.save_xgboost(models[key], tmp_path / "xgboost.json")
+    forest = fil_loaders.load_forest(path, "xgboost_json", threads=1)
+    booster = models[key]
+    raw = np.zeros(len(X) * fm.FEATURES * 4 + 3, dtype=np.uint8)
+    misaligned = np.frombuffer(raw.data, dtype=np.float32, count=len(X) * fm.FEATURES, offset=3).reshape(len(X), -1)
+    assert not misaligned.flags.aligned
+    x = X.copy()
+    x[2, 1] = np.nan
+    misaligned[...] = x  # a request tensor sliced at an odd offset of its body
+    assert fil_loaders._fast_predict(booster, False, fm.FEATURES) is not None  # the direct C call is in use
+    expected = booster.inplace_predict(x, validate_features=False).reshape(len(x), -1)
+    np.testing.assert_array_equal(forest.predict(misaligned), expected)
+    np.testing.assert_array_equal(forest.predict(x[:, :]), expected)
+    if forest.predict_proba is not None:
+        margins = booster.inplace_predict(x, validate_features=False, predict_type="margin")
+        np.testing.assert_array_equal(forest.predict_proba(misaligned), fil_loaders._softmax(margins.reshape(len(x), -1)))
