@@ -20,7 +20,12 @@ _BUILTIN = {
     "openvino": "naiad.backends.openvino_backend:OpenVinoBackend",
     "tensorflow": "naiad.backends.tensorflow_backend:TensorFlowBackend",
     "transformers": "naiad.backends.transformers_backend.backend:TransformersBackend",
+    "vllm": "naiad.backends.vllm_backend:VllmBackend",
 }
+
+# Built-ins that a `<backend-directory>/<name>/model.py` replaces: Triton's own vLLM backend is such a
+# model.py, and a repository set up for it keeps running it.
+_YIELDS_TO_BACKEND_DIRECTORY = {"vllm"}
 
 
 class BackendUnavailable(Exception):
@@ -50,6 +55,10 @@ class BackendRegistry:
 
     def get(self, name: str, backend_directory: str | None = None) -> Backend:
         """The backend called `name`; an unknown name may be a Python-based backend in `backend_directory`."""
+        if name in _YIELDS_TO_BACKEND_DIRECTORY:
+            shared = python_based_model_file(name, backend_directory)
+            if shared is not None:
+                return self._python_based_backend(name, shared)
         if name in self._backends:
             return self._backends[name]
         target = _BUILTIN.get(name)

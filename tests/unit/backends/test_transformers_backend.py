@@ -86,7 +86,27 @@ def test_batched_decoding_matches_one_at_a_time(loaded):
     assert together == alone
     assert all(reason == "length" and count == 24 for _, reason, count in alone)
     assert stats.max_decode_batch == len(prompts)  # all four shared decode steps
-    assert stats.running == 0 and stats.kv_reserved_bytes == 0
+    assert stats.max_prefill_batch == len(prompts)  # and one padded prefill
+    assert stats.running == 0 and stats.kv_reserved_bytes == 0 and stats.kv_used_bytes == 0
+
+
+def test_prefill_token_budget_spreads_arrivals_over_steps(loaded):
+    prompts = ["hello world", "the quick brown fox jumps", "numbers 0 1 2 3"]
+
+    async def run():
+        engine = _engine(loaded, max_num_batched_tokens=8)
+        try:
+            results = await asyncio.gather(*(_generate(engine, p, max_tokens=6, temperature=0, ignore_eos=True)
+                                              for p in prompts))
+            return results, engine.stats, engine.kv
+        finally:
+            await engine.close()
+
+    results, stats, kv = asyncio.run(run())
+    assert [r[1:] for r in results] == [("length", 6)] * 3
+    assert stats.max_prefill_batch == 1 and stats.prefill_steps == 3  # each prompt is longer than half the budget
+    assert stats.max_decode_batch == 3  # yet they decode together once all joined
+    assert kv.rows == 0 and kv.keys == []  # an idle engine holds no KV buffers
 
 
 def test_seeded_sampling_is_reproducible(loaded):
@@ -257,3 +277,25 @@ def test_instance_streams_and_refuses_bad_requests(loaded, hf_dir, tmp_path):
     assert whole == "hello" + streamed  # not streaming: the prompt is prepended
     assert got[1][0].outputs["finish_reason"][0] == b"length"
     assert "unknown sampling parameter 'nope'" in got[2][0].error.message
+
+
+def test_an_engine_bug_fails_waiting_requests_instead_of_hanging(loaded):
+    async def run():
+        engine = _engine(loaded)
+
+        def broken() -> list:
+            raise RuntimeError("planner bug")
+
+        engine._admit = broken
+        outputs: list[SequenceOutput] = []
+        engine.add(Sequence(engine.tokenize("hello"), parse_sampling({"max_tokens": 4}, True), outputs.append))
+        await asyncio.wait_for(asyncio.shield(engine._task), 10)
+        healthy = engine.healthy()
+        with pytest.raises(EngineError, match="planner bug"):
+            engine.add(Sequence(engine.tokenize("hello"), parse_sampling({}, True), outputs.append))
+        await engine.close()
+        return outputs, healthy
+
+    outputs, healthy = asyncio.run(run())
+    assert not healthy
+    assert len(outputs) == 1 and outputs[0].finished and "planner bug" in outputs[0].error

@@ -9,15 +9,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
-from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, SequenceOutput
+from naiad.backends.transformers_backend.contract import Emitter, auto_complete, parse_request
+from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence
 from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
 from naiad.backends.transformers_backend.stats import families
 from naiad.config.model_config import ConfigError
-from naiad.protocol.errors import NaiadError, internal, invalid_arg, unavailable
+from naiad.protocol.errors import NaiadError, invalid_arg
 
 log = logging.getLogger("naiad.backends.transformers")
 
@@ -25,28 +25,16 @@ MODEL_JSON = "model.json"
 DEFAULT_KV_CACHE_BYTES = 512 << 20
 DEFAULT_MAX_NUM_SEQS = 64
 
-# name, data type, dims, optional
-INPUTS = [
-    ("text_input", mc.TYPE_STRING, [1], False),
-    ("stream", mc.TYPE_BOOL, [1], True),
-    ("sampling_parameters", mc.TYPE_STRING, [1], True),
-    ("exclude_input_in_output", mc.TYPE_BOOL, [1], True),
-    ("return_finish_reason", mc.TYPE_BOOL, [1], True),
-    ("return_num_input_tokens", mc.TYPE_BOOL, [1], True),
-    ("return_num_output_tokens", mc.TYPE_BOOL, [1], True),
-]
-OUTPUTS = [
-    ("text_output", mc.TYPE_STRING, [-1]),
-    ("finish_reason", mc.TYPE_STRING, [-1]),
-    ("num_input_tokens", mc.TYPE_UINT32, [1]),
-    ("num_output_tokens", mc.TYPE_UINT32, [-1]),
-]
 # vLLM AsyncEngineArgs that mean nothing here: accepted so a repository moves between the two backends.
 _VLLM_ONLY = {"gpu_memory_utilization", "enforce_eager", "disable_log_stats", "tensor_parallel_size",
-              "disable_log_requests", "enable_prefix_caching", "swap_space", "block_size", "max_num_batched_tokens",
+              "disable_log_requests", "enable_prefix_caching", "swap_space", "block_size",
               "pipeline_parallel_size", "distributed_executor_backend", "enable_chunked_prefill"}
-_OWN = {"model", "tokenizer", "kv_cache_bytes", "max_num_seqs", "max_model_len", "dtype", "device", "seed",
-        "trust_remote_code"}
+_OWN = {"model", "tokenizer", "kv_cache_bytes", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "dtype",
+        "device", "seed", "trust_remote_code"}
+# Prefill is compute-bound on CPU (two 128-token prompts cost as much together as one after the
+# other), so a small per-step budget there spreads a burst of arrivals over steps and keeps time
+# to first token low; a GPU gains from batching more.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048}
 
 
 class TransformersBackend:
@@ -56,16 +44,7 @@ class TransformersBackend:
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy."""
-        have = {t.name for t in config.input}
-        for name, dtype, dims, optional in INPUTS:
-            if name not in have:
-                entry = config.input.add(name=name, data_type=dtype, optional=optional)
-                entry.dims.extend(dims)
-        have = {t.name for t in config.output}
-        for name, dtype, dims in OUTPUTS:
-            if name not in have:
-                config.output.add(name=name, data_type=dtype).dims.extend(dims)
-        config.model_transaction_policy.decoupled = True
+        auto_complete(config)
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
         raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
@@ -85,6 +64,8 @@ class TransformersBackend:
             kv_cache_bytes=int(settings.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)),
             max_num_seqs=int(settings.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
             max_model_len=max_len, name=config.name,
+            max_num_batched_tokens=int(settings.get("max_num_batched_tokens",
+                                                    DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device.type, 2048))),
         )
         return TransformersInstance(spec.name, engine, source)
 
@@ -112,7 +93,7 @@ def read_model_json(version_dir: Path) -> dict[str, Any]:
     if "tokenizer" in settings:
         tok = Path(settings["tokenizer"]).expanduser()
         settings["tokenizer"] = str(tok if tok.is_absolute() else (version_dir / tok).resolve())
-    for key in ("kv_cache_bytes", "max_num_seqs", "max_model_len"):
+    for key in ("kv_cache_bytes", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
         if key in settings and (not isinstance(settings[key], int) or isinstance(settings[key], bool) or settings[key] < 1):
             raise ConfigError(f"{path}: \"{key}\" must be a positive integer")
     return settings
@@ -161,27 +142,6 @@ def _model_max_len(model: Any, tokenizer: Any) -> int:
     return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else 2048
 
 
-def _flag(request: BackendRequest, name: str, default: bool = False) -> bool:
-    array = request.inputs.get(name)
-    if array is None or array.size == 0:
-        return default
-    return bool(np.asarray(array).ravel()[0])
-
-
-def _text(request: BackendRequest, name: str) -> str | None:
-    array = request.inputs.get(name)
-    if array is None or array.size == 0:
-        return None
-    value = np.asarray(array).ravel()[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def _bytes_array(value: str) -> np.ndarray:
-    array = np.empty(1, dtype=np.object_)
-    array[0] = value.encode("utf-8")
-    return array
-
-
 class TransformersInstance:
     """A request-level instance: execute_requests hands requests to the engine and returns at once."""
 
@@ -224,74 +184,10 @@ class TransformersInstance:
                 respond(index, BackendResponse(None, error=exc, final=True, counts_as_failure=False))
 
     def _sequence(self, index: int, request: BackendRequest, respond: ResponseCallback) -> Sequence:
-        prompt = _text(request, "text_input")
-        if prompt is None:
-            raise invalid_arg("input 'text_input' is required")
-        stream = _flag(request, "stream")
-        exclude = _flag(request, "exclude_input_in_output", default=stream)
-        if stream and "exclude_input_in_output" in request.inputs and not exclude:
-            raise invalid_arg("exclude_input_in_output=false is not supported with stream=true (streaming never "
-                              "prepends the prompt)")
-        raw = _text(request, "sampling_parameters")
-        if raw is not None and raw.strip():
-            try:
-                values = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise invalid_arg(f"input 'sampling_parameters' is not valid JSON: {exc}") from None
-            if not isinstance(values, dict):
-                raise invalid_arg("input 'sampling_parameters' must be a JSON object")
-            params = parse_sampling(values, strict=True)
+        parsed = parse_request(request)
+        if parsed.sampling is not None:
+            params = parse_sampling(parsed.sampling, strict=True)
         else:
             params = parse_sampling(request.parameters, strict=False)
-        wanted = {
-            "finish_reason": _flag(request, "return_finish_reason"),
-            "num_input_tokens": _flag(request, "return_num_input_tokens"),
-            "num_output_tokens": _flag(request, "return_num_output_tokens"),
-        }
-        requested = set(request.requested_outputs)
-        emitter = _Emitter(index, respond, stream, "" if exclude else prompt, wanted, requested)
-        return Sequence(self.engine.tokenize(prompt), params, emitter, request.is_cancelled)
-
-
-class _Emitter:
-    """Turns engine outputs into backend responses: one per text piece when streaming, else one at the end."""
-
-    def __init__(self, index: int, respond: ResponseCallback, stream: bool, prefix: str,
-                 wanted: dict[str, bool], requested: set[str]) -> None:
-        self._index = index
-        self._respond = respond
-        self._stream = stream
-        self._parts = [prefix] if prefix else []
-        self._wanted = wanted
-        self._requested = requested
-        self._sent_tokens = 0
-
-    def __call__(self, out: SequenceOutput) -> None:
-        if out.error is not None:
-            error = unavailable(out.error) if out.finish_reason == "abort" else internal(out.error)
-            self._respond(self._index, BackendResponse(None, error=error, final=True))
-            return
-        if self._stream:
-            if not out.text and not out.finished:
-                return
-            if not out.text and not any(self._wanted.values()):
-                self._respond(self._index, BackendResponse(None, final=True))
-                return
-            self._respond(self._index, BackendResponse(self._outputs(out, out.text), final=out.finished))
-            return
-        self._parts.append(out.text)
-        if out.finished:
-            self._respond(self._index, BackendResponse(self._outputs(out, "".join(self._parts)), final=True))
-
-    def _outputs(self, out: SequenceOutput, text: str) -> dict[str, np.ndarray]:
-        outputs = {"text_output": _bytes_array(text)}
-        if self._wanted["finish_reason"] and out.finished:
-            outputs["finish_reason"] = _bytes_array(out.finish_reason or "stop")
-        if self._wanted["num_input_tokens"]:
-            outputs["num_input_tokens"] = np.array([out.prompt_tokens], dtype=np.uint32)
-        if self._wanted["num_output_tokens"]:
-            outputs["num_output_tokens"] = np.array([out.output_tokens - self._sent_tokens], dtype=np.uint32)
-            self._sent_tokens = out.output_tokens
-        if self._requested:
-            outputs = {k: v for k, v in outputs.items() if k in self._requested}
-        return outputs
+        emitter = Emitter(index, respond, parsed, set(request.requested_outputs))
+        return Sequence(self.engine.tokenize(parsed.prompt), params, emitter, request.is_cancelled)

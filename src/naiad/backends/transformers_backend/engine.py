@@ -1,11 +1,11 @@
 """Continuous-batching engine: one asyncio task plans steps; torch runs them on one worker thread.
 
 Every iteration drops cancelled sequences, admits waiting ones whose KV reservation fits the
-budget (prefilled one by one), and runs ONE batched decode step for the sequences already
-running: new requests join at every step, finished ones leave after it. Each sequence owns
-its KV cache (per layer, [heads, capacity, head_dim]); a decode step gathers them left-padded
-into a batch cache with an attention mask and explicit position ids, then appends the new
-column back to each sequence.
+budget, prefills the admitted prompts together (right-padded, at most `max_num_batched_tokens`
+padded tokens per step) and runs ONE batched decode step for the sequences already running:
+new requests join at every step, finished ones leave after it. The running batch's KV cache
+lives in per-layer buffers written in place (kvcache.BatchKV); a decode step attends over them
+with a padding mask and per-sequence position ids.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any
 
 import torch
 
+from naiad.backends.transformers_backend.contract import SequenceOutput
+from naiad.backends.transformers_backend.kvcache import BatchKV
 from naiad.backends.transformers_backend.sampling import SamplingParams, choose_token
 from naiad.backends.transformers_backend.stats import EngineStats
 from naiad.backends.transformers_backend.text import TextStream
@@ -32,18 +34,6 @@ class EngineError(Exception):
     """A request the engine can not take (too long for the model or the KV budget)."""
 
 
-@dataclass
-class SequenceOutput:
-    """What one step produced for one sequence (delivered on the event loop)."""
-
-    text: str
-    finished: bool = False
-    finish_reason: str | None = None
-    prompt_tokens: int = 0
-    output_tokens: int = 0
-    error: str | None = None
-
-
 @dataclass(eq=False)
 class Sequence:
     prompt_ids: list[int]
@@ -53,8 +43,6 @@ class Sequence:
     text: TextStream | None = None
     generator: torch.Generator | None = None
     generated: list[int] = field(default_factory=list)
-    kv: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
-    length: int = 0  # tokens held in kv
     reserved_tokens: int = 0
     arrival: float = field(default_factory=time.monotonic)
     last_token_at: float = 0.0
@@ -65,12 +53,15 @@ class Engine:
     """Serves many sequences of one causal LM; `add` on the event loop, outputs via each sequence's emit."""
 
     def __init__(self, model: Any, tokenizer: Any, *, device: torch.device, kv_cache_bytes: int,
-                 max_num_seqs: int, max_model_len: int, name: str = "llm") -> None:
+                 max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int = 2048,
+                 name: str = "llm") -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.kv = BatchKV()  # row i belongs to running[i]
         self.stats = EngineStats()
         self.stats.kv_budget_bytes = kv_cache_bytes
         self.bytes_per_token = _kv_bytes_per_token(model)
@@ -128,6 +119,19 @@ class Engine:
         self._executor.shutdown(wait=True)
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except Exception as exc:  # a bug here must not leave clients waiting forever
+            log.exception("LLM engine stopped")
+            self._failed = str(exc) or type(exc).__name__
+            failed = list(self.running) + list(self.waiting)
+            self.running.clear()
+            self.waiting.clear()
+            self.kv = BatchKV()
+            for seq in failed:
+                self._finish(seq, SequenceOutput("", True, "abort", error=f"the engine stopped: {self._failed}"))
+
+    async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
             self._drop_cancelled()
@@ -136,16 +140,40 @@ class Engine:
                 await self._wake.wait()
                 continue
             admitted = self._admit()
-            decoding = list(self.running)
-            try:
-                events = await loop.run_in_executor(self._executor, self._step, admitted, decoding)
-            except Exception as exc:  # a torch failure fails the sequences of this step, not the server
-                log.exception("LLM engine step failed")
-                for seq in admitted + decoding:
-                    self._finish(seq, SequenceOutput("", True, "abort", error=f"generation failed: {exc}"))
-                continue
-            self.running.extend(admitted)
-            self._deliver(events)
+            if admitted:
+                # Prefill first and hand out the first tokens before decoding: a new request's time to
+                # first token does not include this step's decode.
+                rows = len(self.running)
+                events = await self._in_worker(loop, self._prefill, admitted, admitted)
+                if events is None:
+                    self.kv.truncate(rows)
+                    continue
+                self.running.extend(admitted)
+                self._deliver(events)
+            if self.running:
+                decoding = list(self.running)  # rows 0..n-1, including those just prefilled
+                events = await self._in_worker(loop, self._decode, decoding, decoding)
+                if events is None:
+                    self.running.clear()
+                    self.kv = BatchKV()  # rows may be half-written: start the batch afresh
+                    continue
+                self._deliver(events)
+
+    async def _in_worker(self, loop: asyncio.AbstractEventLoop, work: Callable[[list[Sequence]], Any],
+                         seqs: list[Sequence], fail: list[Sequence]) -> list[tuple[Sequence, SequenceOutput]] | None:
+        """Run one torch step on the worker thread; a failure fails `fail` (not the server) and returns None."""
+        def run() -> list[tuple[Sequence, SequenceOutput]]:
+            with torch.inference_mode():
+                return work(seqs)
+        try:
+            return await loop.run_in_executor(self._executor, run)
+        except Exception as exc:
+            log.exception("LLM engine step failed")
+            for seq in fail:
+                if seq in self.running:
+                    self.running.remove(seq)
+                self._finish(seq, SequenceOutput("", True, "abort", error=f"generation failed: {exc}"))
+            return None
 
     def _drop_cancelled(self) -> None:
         for seq in [s for s in self.running if s.is_cancelled()]:
@@ -157,17 +185,24 @@ class Engine:
         self._update_gauges()
 
     def _admit(self) -> list[Sequence]:
+        """FIFO admission while the padded KV reservation (rows x longest reservation) fits the budget and
+        this step's prefill stays within max_num_batched_tokens padded tokens (one prompt always fits)."""
         admitted: list[Sequence] = []
-        reserved = sum(s.reserved_tokens for s in self.running)
         budget_tokens = self.stats.kv_budget_bytes // self.bytes_per_token
+        longest_res = max((s.reserved_tokens for s in self.running), default=0)
+        longest_prompt = 0
         while self.waiting and len(self.running) + len(admitted) < self.max_num_seqs:
             seq = self.waiting[0]
-            if reserved + seq.reserved_tokens > budget_tokens:
+            rows = len(self.running) + len(admitted) + 1
+            if rows * max(longest_res, seq.reserved_tokens) > budget_tokens:
                 break  # FIFO: wait until running sequences free their reservation
+            prompt = max(longest_prompt, len(seq.prompt_ids))
+            if admitted and prompt * (len(admitted) + 1) > self.max_num_batched_tokens:
+                break  # the rest prefill in the next step
             self.waiting.popleft()
-            reserved += seq.reserved_tokens
+            longest_res = max(longest_res, seq.reserved_tokens)
+            longest_prompt = prompt
             admitted.append(seq)
-        self.stats.kv_reserved_bytes = reserved * self.bytes_per_token
         self.stats.waiting = len(self.waiting)
         return admitted
 
@@ -191,8 +226,11 @@ class Engine:
 
     def _release(self, seq: Sequence, reason: str) -> None:
         if seq in self.running:
-            self.running.remove(seq)
-        seq.kv = []
+            row = self.running.index(seq)
+            self.kv.remove(row)  # the last row moves into `row`: mirror it in `running`
+            last = self.running.pop()
+            if last is not seq:
+                self.running[row] = last
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
 
     def _finish(self, seq: Sequence, out: SequenceOutput) -> None:
@@ -203,87 +241,67 @@ class Engine:
         s = self.stats
         s.running = len(self.running)
         s.waiting = len(self.waiting)
-        s.kv_reserved_bytes = sum(q.reserved_tokens for q in self.running) * self.bytes_per_token
-        s.kv_used_bytes = sum(q.length for q in self.running) * self.bytes_per_token
+        longest = max((q.reserved_tokens for q in self.running), default=0)
+        s.kv_reserved_bytes = len(self.running) * longest * self.bytes_per_token
+        s.kv_used_bytes = sum(self.kv.lengths) * self.bytes_per_token
 
     # ------------------------------------------------------------ worker-thread side
 
-    def _step(self, admitted: list[Sequence], decoding: list[Sequence]) -> list[tuple[Sequence, SequenceOutput]]:
-        events: list[tuple[Sequence, SequenceOutput]] = []
-        with torch.inference_mode():
-            for seq in admitted:
-                events.append((seq, self._prefill(seq)))
-            if decoding:
-                events.extend(self._decode(decoding))
-        return events
-
-    def _prefill(self, seq: Sequence) -> SequenceOutput:
-        ids = torch.tensor([seq.prompt_ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
-        n = len(seq.prompt_ids)
-        capacity = min(seq.reserved_tokens, n + 64)
-        seq.kv = []
-        for layer in out.past_key_values.layers:
-            keys, values = layer.keys[0], layer.values[0]
-            k = keys.new_empty((keys.shape[0], capacity, keys.shape[2]))
-            v = values.new_empty((values.shape[0], capacity, values.shape[2]))
-            k[:, :n] = keys
-            v[:, :n] = values
-            seq.kv.append((k, v))
-        seq.length = n
-        return self._next_token(seq, out.logits[0, -1])
+    def _prefill(self, seqs: list[Sequence]) -> list[tuple[Sequence, SequenceOutput]]:
+        """All admitted prompts in one forward, right-padded (a causal model never looks right, so padding
+        needs no mask for the real tokens); each row's KV joins the batch buffers."""
+        lengths = [len(s.prompt_ids) for s in seqs]
+        longest = max(lengths)
+        ids = torch.zeros((len(seqs), longest), dtype=torch.long)
+        mask = torch.zeros((len(seqs), longest), dtype=torch.long)
+        for b, seq in enumerate(seqs):
+            ids[b, :lengths[b]] = torch.tensor(seq.prompt_ids, dtype=torch.long)
+            mask[b, :lengths[b]] = 1
+        out = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device), use_cache=True)
+        self.stats.record_prefill(len(seqs))
+        layers = out.past_key_values.layers
+        last = out.logits[torch.arange(len(seqs)), torch.tensor(lengths) - 1]
+        for b, seq in enumerate(seqs):
+            self.kv.add([(layer.keys[b], layer.values[b]) for layer in layers], lengths[b], self.max_model_len)
+        return self._next_tokens(seqs, last, lengths)
 
     def _decode(self, seqs: list[Sequence]) -> list[tuple[Sequence, SequenceOutput]]:
-        from transformers import DynamicCache
-
-        longest = max(s.length for s in seqs)
         batch = len(seqs)
-        cache = DynamicCache()
-        for index in range(len(seqs[0].kv)):
-            k0, v0 = seqs[0].kv[index]
-            keys = k0.new_zeros((batch, k0.shape[0], longest, k0.shape[2]))
-            values = v0.new_zeros((batch, v0.shape[0], longest, v0.shape[2]))
-            for b, seq in enumerate(seqs):
-                k, v = seq.kv[index]
-                keys[b, :, longest - seq.length:] = k[:, :seq.length]
-                values[b, :, longest - seq.length:] = v[:, :seq.length]
-            cache.update(keys, values, index)
-        mask = torch.zeros((batch, longest + 1), dtype=torch.long, device=self.device)
-        for b, seq in enumerate(seqs):
-            mask[b, longest - seq.length:] = 1
+        cache, mask, positions = self.kv.decode_cache(batch, self.max_model_len)
         inputs = torch.tensor([[s.generated[-1]] for s in seqs], dtype=torch.long, device=self.device)
-        positions = torch.tensor([[s.length] for s in seqs], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=inputs, past_key_values=cache, attention_mask=mask, position_ids=positions, use_cache=True)
-        layers = out.past_key_values.layers
+        out = self.model(input_ids=inputs, past_key_values=cache, attention_mask=mask, position_ids=positions,
+                         use_cache=True)
+        self.kv.advance(batch)
+        self.stats.record_decode(batch)
+        return self._next_tokens(seqs, out.logits[:, -1], self.kv.lengths[:batch])
+
+    def _next_tokens(self, seqs: list[Sequence], logits: torch.Tensor, lengths: list[int]
+                     ) -> list[tuple[Sequence, SequenceOutput]]:
+        """One token per row of logits [batch, vocab]: plain greedy rows share one argmax."""
+        plain = [b for b, s in enumerate(seqs) if s.params.greedy and _plain(s)]
+        tokens: dict[int, int] = {}
+        if plain:
+            picked = torch.argmax(logits[plain], dim=-1).tolist()
+            tokens = dict(zip(plain, picked))
         events = []
         for b, seq in enumerate(seqs):
-            self._append_kv(seq, [(layer.keys[b, :, -1], layer.values[b, :, -1]) for layer in layers])
-            events.append((seq, self._next_token(seq, out.logits[b, -1])))
-        self.stats.record_decode(batch)
+            token = tokens.get(b)
+            if token is None:
+                token = self._choose(seq, logits[b])
+            events.append((seq, self._accept(seq, token, lengths[b])))
         return events
 
-    def _append_kv(self, seq: Sequence, columns: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        position = seq.length
-        if position >= seq.kv[0][0].shape[1]:
-            grow = min(seq.reserved_tokens, max(position * 2, position + 1))
-            for index, (k, v) in enumerate(seq.kv):
-                bigger_k = k.new_empty((k.shape[0], grow, k.shape[2]))
-                bigger_v = v.new_empty((v.shape[0], grow, v.shape[2]))
-                bigger_k[:, :position] = k[:, :position]
-                bigger_v[:, :position] = v[:, :position]
-                seq.kv[index] = (bigger_k, bigger_v)
-        for (k, v), (new_k, new_v) in zip(seq.kv, columns):
-            k[:, position] = new_k
-            v[:, position] = new_v
-        seq.length = position + 1
-
-    def _next_token(self, seq: Sequence, logits: torch.Tensor) -> SequenceOutput:
+    def _choose(self, seq: Sequence, logits: torch.Tensor) -> int:
         p = seq.params
         blocked = []
         if len(seq.generated) < p.min_tokens:
             blocked = [t for t in (*self.eos_ids, *p.stop_token_ids) if not (p.ignore_eos and t in self.eos_ids)]
         history = seq.prompt_ids + seq.generated if p.repetition_penalty != 1.0 else []
-        token = choose_token(logits.float().clone(), p, history, seq.generated, seq.generator, blocked)
+        return choose_token(logits.float().clone(), p, history, seq.generated, seq.generator, blocked)
+
+    def _accept(self, seq: Sequence, token: int, length: int) -> SequenceOutput:
+        """Record the token; `length` is the tokens already in the KV cache (the new one is not)."""
+        p = seq.params
         seq.generated.append(token)
         assert seq.text is not None
         reason = None
@@ -295,11 +313,18 @@ class Engine:
             seq.text.add(token)
             if seq.text.stopped:
                 reason = "stop"
-        if reason is None and (len(seq.generated) >= p.max_tokens or seq.length + 1 >= self.max_model_len):
+        if reason is None and (len(seq.generated) >= p.max_tokens or length + 1 >= self.max_model_len):
             reason = "length"
         seq.finish_reason = reason
         return SequenceOutput(seq.text.take(reason is not None), reason is not None, reason,
                               len(seq.prompt_ids), len(seq.generated))
+
+
+def _plain(seq: Sequence) -> bool:
+    """No penalty or blocked token changes this sequence's logits."""
+    p = seq.params
+    return (p.repetition_penalty == 1.0 and not p.presence_penalty and not p.frequency_penalty
+            and len(seq.generated) >= p.min_tokens)
 
 
 def _kv_bytes_per_token(model: Any) -> int:

@@ -57,6 +57,8 @@ class EngineStats:
         self.generation_tokens = 0
         self.decode_steps = 0
         self.max_decode_batch = 0
+        self.prefill_steps = 0
+        self.max_prefill_batch = 0
         self.finished: dict[str, int] = {}
         self.running = 0
         self.waiting = 0
@@ -69,6 +71,10 @@ class EngineStats:
         self.decode_steps += 1
         self.decode_batch.observe(batch)
         self.max_decode_batch = max(self.max_decode_batch, batch)
+
+    def record_prefill(self, batch: int) -> None:
+        self.prefill_steps += 1
+        self.max_prefill_batch = max(self.max_prefill_batch, batch)
 
     def record_tokens(self, count: int, now: float) -> None:
         self.generation_tokens += count
@@ -86,7 +92,8 @@ class EngineStats:
     def snapshot(self) -> dict[str, float]:
         return {
             "running": self.running, "waiting": self.waiting, "decode_steps": self.decode_steps,
-            "max_decode_batch": self.max_decode_batch, "prompt_tokens": self.prompt_tokens,
+            "max_decode_batch": self.max_decode_batch, "prefill_steps": self.prefill_steps,
+            "max_prefill_batch": self.max_prefill_batch, "prompt_tokens": self.prompt_tokens,
             "generation_tokens": self.generation_tokens, "kv_used_bytes": self.kv_used_bytes,
             "kv_reserved_bytes": self.kv_reserved_bytes, "kv_budget_bytes": self.kv_budget_bytes,
         }

@@ -1,0 +1,259 @@
+"""`backend: "vllm"`: Triton's vLLM backend contract served by vLLM's async engine (when vLLM is installed).
+
+`<version>/model.json` holds vLLM AsyncEngineArgs (passed through as Triton does); requests use the
+same tensors as the transformers backend (contract.py). VllmAdapter is the only code that touches
+vLLM's API: engine creation, SamplingParams, generate() and abort(); tests give it a stand-in engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
+from naiad.backends.transformers_backend.contract import Emitter, SequenceOutput, auto_complete, parse_request
+from naiad.config.model_config import ConfigError
+from naiad.protocol.errors import NaiadError, invalid_arg
+
+log = logging.getLogger("naiad.backends.vllm")
+
+MODEL_JSON = "model.json"
+CANCEL_POLL_SECS = 0.02  # how often running requests are checked for a client that went away
+NOT_INSTALLED = (
+    "the vllm backend needs the 'vllm' package, which is not installed in this environment ({error}). "
+    "vLLM's PyPI wheels are CUDA builds for NVIDIA GPUs (pip install vllm); CPU use needs vLLM's CPU build. "
+    "Without vLLM, serve the same repository with backend: \"transformers\" (same model.json \"model\", "
+    "same inputs and outputs)"
+)
+# Sampling keys taken from request parameters when there is no sampling_parameters input (vLLM names).
+PARAMETER_KEYS = {
+    "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
+    "min_tokens", "include_stop_str_in_output", "skip_special_tokens", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "n", "spaces_between_special_tokens",
+}
+_INT_KEYS = {"max_tokens", "top_k", "seed", "min_tokens", "n"}
+_FLOAT_KEYS = {"temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"}
+_BOOL_KEYS = {"ignore_eos", "include_stop_str_in_output", "skip_special_tokens", "spaces_between_special_tokens"}
+
+
+def sampling_values(values: dict[str, Any], only_known: bool) -> dict[str, Any]:
+    """SamplingParams keyword arguments; strings convert for numeric/boolean keys (as Triton's vLLM backend does)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if only_known and key not in PARAMETER_KEYS:
+            continue
+        if value is None:
+            continue
+        try:
+            if key in _BOOL_KEYS and isinstance(value, str):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(value)
+                value = value.lower() in ("true", "1")
+            elif key in _INT_KEYS and isinstance(value, str):
+                value = int(value)
+            elif key in _FLOAT_KEYS and isinstance(value, str):
+                value = float(value)
+        except ValueError:
+            raise invalid_arg(f"sampling parameter '{key}' has a wrong value: {value!r}") from None
+        out[key] = value
+    if out.get("n", 1) != 1 or out.get("best_of", 1) not in (1, None):
+        raise invalid_arg("n and best_of must be 1 for the vllm backend (the OpenAI API fans n out into requests)")
+    return out
+
+
+class VllmAdapter:
+    """vLLM's async engine behind four calls; `engine` and `make_sampling_params` come from vLLM (from_settings)."""
+
+    def __init__(self, engine: Any, make_sampling_params: Callable[..., Any], tokenizer: Any = None) -> None:
+        self.engine = engine
+        self.make_sampling_params = make_sampling_params
+        self.tokenizer = tokenizer
+
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> VllmAdapter:
+        """Blocking: build AsyncEngineArgs from model.json and start the engine (raises ConfigError)."""
+        try:
+            from vllm import AsyncEngineArgs, SamplingParams
+            from vllm.engine.async_llm_engine import AsyncLLMEngine
+        except ImportError as exc:
+            raise ConfigError(NOT_INSTALLED.format(error=exc)) from None
+        try:
+            args = AsyncEngineArgs(**settings)
+        except TypeError as exc:
+            raise ConfigError(f"model.json: not a vLLM engine argument: {exc}") from None
+        engine = AsyncLLMEngine.from_engine_args(args)
+        return cls(engine, SamplingParams)
+
+    async def load_tokenizer(self) -> None:
+        getter = getattr(self.engine, "get_tokenizer", None)
+        if getter is None or self.tokenizer is not None:
+            return
+        tokenizer = getter()  # a coroutine in older vLLM releases
+        self.tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+
+    def sampling_params(self, values: dict[str, Any]) -> Any:
+        try:
+            return self.make_sampling_params(**values)
+        except (TypeError, ValueError) as exc:
+            raise invalid_arg(f"invalid sampling parameters for vLLM: {exc}") from None
+
+    async def generate(self, prompt: str, params: Any, request_id: str) -> AsyncIterator[SequenceOutput]:
+        """vLLM's RequestOutputs (cumulative text of choice 0) as text deltas."""
+        sent, tokens = 0, 0
+        async for output in self.engine.generate({"prompt": prompt}, params, request_id):
+            choice = output.outputs[0]
+            text = choice.text or ""
+            tokens = len(choice.token_ids or ())
+            finished = bool(output.finished)
+            reason = _finish_reason(choice.finish_reason) if finished else None
+            yield SequenceOutput(text[sent:], finished, reason, len(output.prompt_token_ids or ()), tokens)
+            sent = len(text)
+
+    async def abort(self, request_id: str) -> None:
+        result = self.engine.abort(request_id)
+        if inspect.isawaitable(result):
+            await result
+
+    def healthy(self) -> bool:
+        return not bool(getattr(self.engine, "errored", False))
+
+    def shutdown(self) -> None:
+        stop = getattr(self.engine, "shutdown", None)
+        if stop is not None:
+            stop()
+
+
+def _finish_reason(reason: Any) -> str:
+    return {"length": "length", "abort": "abort"}.get(str(reason), "stop") if reason is not None else "stop"
+
+
+def read_settings(version_dir: Path) -> dict[str, Any]:
+    """model.json as AsyncEngineArgs keywords; a relative "model" that exists beside it becomes absolute."""
+    path = version_dir / MODEL_JSON
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"unable to find '{path}': the vllm backend reads the engine arguments from it") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
+        raise ConfigError(f"{path}: expected a JSON object with a \"model\" string")
+    for key in ("model", "tokenizer"):
+        value = settings.get(key)
+        if isinstance(value, str) and not Path(value).is_absolute() and (version_dir / value).exists():
+            settings[key] = str((version_dir / value).resolve())
+    return settings
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
+        auto_complete(config)
+
+    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
+        raise ConfigError("the vllm backend creates its instances on the event loop (create_instance_async)")
+
+    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> VllmInstance:
+        config = source.config
+        if not config.model_transaction_policy.decoupled:
+            raise ConfigError(f"model '{config.name}': the vllm backend needs "
+                              "model_transaction_policy { decoupled: true }")
+        if config.max_batch_size != 0:
+            raise ConfigError(f"model '{config.name}': the vllm backend batches internally; set max_batch_size: 0")
+        settings = read_settings(source.version_dir)
+        adapter = await asyncio.get_running_loop().run_in_executor(None, VllmAdapter.from_settings, settings)
+        await adapter.load_tokenizer()
+        return VllmInstance(spec.name, adapter, config.name)
+
+
+class VllmInstance:
+    """Each request runs as a task over adapter.generate; one watcher aborts those whose client went away."""
+
+    def __init__(self, name: str, adapter: VllmAdapter, model: str, poll_secs: float = CANCEL_POLL_SECS) -> None:
+        self.name = name
+        self.adapter = adapter
+        self.model = model
+        self._poll = poll_secs
+        self._active: dict[str, tuple[asyncio.Task, Callable[[], bool], Callable[[SequenceOutput], None]]] = {}
+        self._watcher: asyncio.Task | None = None
+
+    def healthy(self) -> bool:
+        return self.adapter.healthy()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        tokenizer = self.adapter.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise invalid_arg(f"model '{self.model}' has no chat template in its tokenizer configuration; "
+                              "use /v1/completions")
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None:
+        loop = asyncio.get_running_loop()
+        for index, request in enumerate(requests):
+            try:
+                parsed = parse_request(request)
+                if parsed.sampling is not None:
+                    values = sampling_values(parsed.sampling, only_known=False)
+                else:
+                    values = sampling_values(request.parameters, only_known=True)
+                params = self.adapter.sampling_params(values)
+            except NaiadError as exc:
+                respond(index, BackendResponse(None, error=exc, final=True, counts_as_failure=False))
+                continue
+            emit = Emitter(index, respond, parsed, set(request.requested_outputs))
+            request_id = request.request_id or uuid.uuid4().hex
+            while request_id in self._active:
+                request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
+            task = loop.create_task(self._run(request_id, parsed.prompt, params, emit))
+            self._active[request_id] = (task, request.is_cancelled, emit)
+        if self._active and (self._watcher is None or self._watcher.done()):
+            self._watcher = loop.create_task(self._watch())
+
+    async def _run(self, request_id: str, prompt: str, params: Any, emit: Callable[[SequenceOutput], None]) -> None:
+        try:
+            async for update in self.adapter.generate(prompt, params, request_id):
+                emit(update)
+        except asyncio.CancelledError:
+            raise  # the client went away (the watcher aborts the engine request)
+        except Exception as exc:  # the engine failed this request: an error response, the server stays up
+            log.exception("vLLM request %s failed", request_id)
+            emit(SequenceOutput("", True, "error", error=f"vLLM generation failed: {exc}"))
+        finally:
+            self._active.pop(request_id, None)
+
+    async def _watch(self) -> None:
+        while self._active:
+            await asyncio.sleep(self._poll)
+            for request_id, (task, cancelled, _) in list(self._active.items()):
+                if cancelled():
+                    task.cancel()
+                    self._active.pop(request_id, None)
+                    await self._abort(request_id)
+
+    async def _abort(self, request_id: str) -> None:
+        try:
+            await self.adapter.abort(request_id)
+        except Exception:  # aborting a request vLLM already finished is harmless
+            log.debug("vLLM abort of %s failed", request_id, exc_info=True)
+
+    async def aclose(self) -> None:
+        for request_id, (task, _, emit) in list(self._active.items()):
+            task.cancel()
+            await self._abort(request_id)
+            emit(SequenceOutput("", True, "abort", error="the model is being unloaded"))
+        self._active.clear()
+        if self._watcher is not None:
+            self._watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await self._watcher
+        self.adapter.shutdown()

@@ -1,0 +1,221 @@
+"""The vllm backend: its adapter driven with a stand-in engine (vLLM itself is not installed here),
+and the real server explaining why a vllm model is unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import urllib.request
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendRequest, BackendResponse
+from naiad.backends.vllm_backend import VllmAdapter, VllmBackend, VllmInstance, read_settings
+from naiad.protocol.errors import ErrorCode
+from tests.support.servers import start_server
+
+
+class FakeEngine:
+    """Records calls the way vLLM's AsyncLLMEngine receives them; yields scripted cumulative outputs."""
+
+    def __init__(self, texts: list[str], block: bool = False) -> None:
+        self.texts = texts
+        self.block = block
+        self.calls: list[tuple] = []
+        self.aborted: list[str] = []
+        self.started = asyncio.Event()
+
+    async def generate(self, prompt, params, request_id):
+        self.calls.append((prompt, params, request_id))
+        self.started.set()
+        for index, text in enumerate(self.texts):
+            last = index == len(self.texts) - 1 and not self.block
+            choice = SimpleNamespace(text=text, token_ids=list(range(index + 1)), finish_reason="length" if last else None)
+            yield SimpleNamespace(outputs=[choice], finished=last, prompt_token_ids=[1, 2, 3])
+        if self.block:
+            await asyncio.Event().wait()  # a long generation: only an abort ends it
+
+    async def abort(self, request_id):
+        self.aborted.append(request_id)
+
+
+def _sampling_params(**kwargs):
+    if "bogus" in kwargs:
+        raise TypeError("SamplingParams got an unexpected keyword argument 'bogus'")
+    return dict(kwargs)
+
+
+def _bytes(value: str) -> np.ndarray:
+    array = np.empty(1, dtype=np.object_)
+    array[0] = value.encode()
+    return array
+
+
+def _request(prompt: str = "hi", stream: bool = True, sampling: dict | None = None, cancelled=lambda: False,
+             **flags: bool) -> BackendRequest:
+    inputs = {"text_input": _bytes(prompt), "stream": np.array([stream])}
+    if sampling is not None:
+        inputs["sampling_parameters"] = _bytes(json.dumps(sampling))
+    for name, value in flags.items():
+        inputs[name] = np.array([value])
+    return BackendRequest(inputs=inputs, requested_outputs=[], request_id="req-1", is_cancelled=cancelled)
+
+
+async def _collect(instance: VllmInstance, request: BackendRequest) -> list[BackendResponse]:
+    responses: list[BackendResponse] = []
+    done = asyncio.Event()
+
+    def respond(index: int, response: BackendResponse) -> None:
+        responses.append(response)
+        if response.final:
+            done.set()
+
+    await instance.execute_requests([request], respond)
+    await asyncio.wait_for(done.wait(), 5)
+    return responses
+
+
+def _texts(responses: list[BackendResponse]) -> list[str]:
+    return [r.outputs["text_output"][0].decode() for r in responses if r.outputs]
+
+
+def test_request_becomes_engine_call_and_outputs_become_deltas():
+    async def run():
+        engine = FakeEngine(["he", "hello", "hello world"])
+        instance = VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m")
+        sampling = {"max_tokens": "3", "temperature": 0, "ignore_eos": "true", "stop": ["x"]}
+        responses = await _collect(instance, _request(sampling=sampling, return_finish_reason=True,
+                                                      return_num_output_tokens=True, return_num_input_tokens=True))
+        return engine, responses
+
+    engine, responses = asyncio.run(run())
+    prompt, params, request_id = engine.calls[0]
+    assert prompt == {"prompt": "hi"} and request_id == "req-1"
+    assert params == {"max_tokens": 3, "temperature": 0, "ignore_eos": True, "stop": ["x"]}  # strings converted
+    assert _texts(responses) == ["he", "llo", " world"]
+    assert [r.final for r in responses] == [False, False, True]
+    last = responses[-1].outputs
+    assert last["finish_reason"][0] == b"length"
+    assert last["num_input_tokens"][0] == 3
+    assert sum(int(r.outputs["num_output_tokens"][0]) for r in responses) == 3
+
+
+def test_non_streaming_prepends_the_prompt_unless_excluded():
+    async def run(**flags):
+        instance = VllmInstance("m_0", VllmAdapter(FakeEngine(["a", "ab"]), _sampling_params), "m")
+        return _texts(await _collect(instance, _request("P:", stream=False, **flags)))
+
+    assert asyncio.run(run()) == ["P:ab"]
+    assert asyncio.run(run(exclude_input_in_output=True)) == ["ab"]
+
+
+def test_request_parameters_are_used_without_sampling_parameters():
+    async def run():
+        engine = FakeEngine(["x"])
+        instance = VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m")
+        request = _request()
+        request.parameters = {"max_tokens": 7, "ignore_eos": True, "unrelated": "kept out"}
+        await _collect(instance, request)
+        return engine.calls[0][1]
+
+    assert asyncio.run(run()) == {"max_tokens": 7, "ignore_eos": True}
+
+
+def test_bad_sampling_parameters_answer_invalid_arg():
+    async def run(sampling):
+        engine = FakeEngine(["x"])
+        instance = VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m")
+        responses = await _collect(instance, _request(sampling=sampling))
+        return engine, responses
+
+    for sampling, words in (({"bogus": 1}, "bogus"), ({"n": 2}, "n and best_of"), ({"max_tokens": "many"}, "max_tokens")):
+        engine, responses = asyncio.run(run(sampling))
+        assert engine.calls == []
+        assert responses[0].error.code is ErrorCode.INVALID_ARG and words in responses[0].error.message
+
+
+def test_client_gone_aborts_the_engine_request():
+    async def run():
+        engine = FakeEngine(["a", "ab"], block=True)
+        instance = VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m", poll_secs=0.005)
+        gone = {"value": False}
+        responses: list[BackendResponse] = []
+        await instance.execute_requests([_request(cancelled=lambda: gone["value"])], lambda i, r: responses.append(r))
+        await asyncio.wait_for(engine.started.wait(), 5)
+        while len(responses) < 2:
+            await asyncio.sleep(0.001)
+        gone["value"] = True
+        for _ in range(1000):
+            if engine.aborted:
+                break
+            await asyncio.sleep(0.001)
+        await instance.aclose()
+        return engine, responses, instance
+
+    engine, responses, instance = asyncio.run(run())
+    assert engine.aborted == ["req-1"]
+    assert _texts(responses) == ["a", "b"]
+    assert not instance._active
+
+
+def test_unload_ends_running_requests_with_an_error():
+    async def run():
+        engine = FakeEngine(["a"], block=True)
+        instance = VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m")
+        responses: list[BackendResponse] = []
+        await instance.execute_requests([_request()], lambda i, r: responses.append(r))
+        await asyncio.wait_for(engine.started.wait(), 5)
+        await asyncio.sleep(0)
+        await instance.aclose()
+        return engine, responses
+
+    engine, responses = asyncio.run(run())
+    assert engine.aborted == ["req-1"]
+    assert responses[-1].final and responses[-1].error.code is ErrorCode.UNAVAILABLE
+
+
+def test_model_json_and_auto_complete(tmp_path):
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "model.json").write_text(json.dumps({"model": "weights", "gpu_memory_utilization": 0.5}))
+    settings = read_settings(tmp_path)
+    assert settings == {"model": str((tmp_path / "weights").resolve()), "gpu_memory_utilization": 0.5}
+    (tmp_path / "model.json").write_text(json.dumps({"model": "org/hub-name"}))
+    assert read_settings(tmp_path)["model"] == "org/hub-name"  # not a local path: vLLM resolves it
+    config = mc.ModelConfig(name="m", backend="vllm")
+    VllmBackend().auto_complete_config(config, tmp_path, 0)
+    assert config.model_transaction_policy.decoupled
+    assert [t.name for t in config.input][:4] == ["text_input", "stream", "sampling_parameters", "exclude_input_in_output"]
+    assert "text_output" in [t.name for t in config.output]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
+def test_server_reports_why_a_vllm_model_is_unavailable(tmp_path):
+    version = tmp_path / "repo" / "llm" / "1"
+    version.mkdir(parents=True)
+    (tmp_path / "repo" / "llm" / "config.pbtxt").write_text('backend: "vllm"\n')
+    (version / "model.json").write_text(json.dumps({"model": "facebook/opt-125m", "gpu_memory_utilization": 0.5}))
+    with start_server(tmp_path / "repo") as server:
+        request = urllib.request.Request(f"http://{server.http_url}/v2/repository/index", b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            index = json.loads(reply.read())
+        with pytest.raises(urllib.error.HTTPError):
+            urllib.request.urlopen(f"http://{server.http_url}/v2/models/llm/ready", timeout=10)
+    entry = next(e for e in index if e["name"] == "llm")
+    assert entry["state"] == "UNAVAILABLE"
+    assert "needs the 'vllm' package" in entry["reason"] and 'backend: "transformers"' in entry["reason"]
+
+
+def test_a_backend_directory_vllm_model_py_takes_precedence(tmp_path):
+    from naiad.backends.registry import BackendRegistry
+
+    registry = BackendRegistry()
+    assert isinstance(registry.get("vllm"), VllmBackend)
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "model.py").write_text("class TritonPythonModel:\n    pass\n")
+    shared = registry.get("vllm", str(tmp_path))
+    assert not isinstance(shared, VllmBackend)
+    assert shared.shared_model_file == (tmp_path / "vllm" / "model.py").resolve()
