@@ -8,7 +8,7 @@ import sys
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from tests.support.onnx_models import add_sub_model
+from tests.support.onnx_models import add_sub_model, ensemble_model
 from tests.support.servers import start_server
 
 BUDGET_MS = 250.0
@@ -35,7 +35,7 @@ def test_brute_sweep_with_a_latency_budget(tmp_path):
     assert {r["Concurrency"] for r in rows} == {"1", "2"}
     feasible = [r for r in rows if float(r["p99 Latency (ms)"]) <= BUDGET_MS]
     assert all(r["Satisfies Constraints"] == ("yes" if r in feasible else "no") for r in rows)
-    best_dirs = sorted((export / "best_configs").iterdir())
+    best_dirs = sorted((export / "best_configs" / "add_sub").iterdir())
     assert best_dirs and best_dirs[0].name.startswith("1_add_sub_config_")
     chosen = best_dirs[0].name[2:]
     top = max(feasible, key=lambda r: float(r["Throughput (infer/sec)"]))
@@ -48,6 +48,7 @@ def test_brute_sweep_with_a_latency_budget(tmp_path):
         assert config.max_batch_size == 4 and config.HasField("dynamic_batching")
     page = (export / "reports" / "summary.html").read_text()
     assert page.count("<svg") == 3 and "Throughput vs p99 latency" in page and chosen in page
+    assert (export / "reports" / "summaries" / "add_sub" / "summary.html").read_text().count("<svg") == 3
     assert (export / "reports" / "summary.txt").read_text().startswith("Model: add_sub.")
     # the winning config loads unchanged in place of the original
     (source / "add_sub" / "config.pbtxt").write_text((best_dirs[0] / "config.pbtxt").read_text())
@@ -64,3 +65,45 @@ def test_a_model_that_does_not_load_is_reported(tmp_path):
          "--output-model-repository-path", str(tmp_path / "o"), "--export-path", str(tmp_path / "e")],
         capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "does not load" in done.stderr
+
+
+def test_several_models_and_an_ensemble_in_one_run(tmp_path):
+    source = tmp_path / "models"
+    add_sub_model(source, "add_sub", dims=16, max_batch_size=8, scheduler="")
+    add_sub_model(source, "pre", dims=16, max_batch_size=8, scheduler="")
+    add_sub_model(source, "post", dims=16, max_batch_size=8, scheduler="")
+    ensemble_model(source, "pipe", [("pre", {"INPUT0": "IN0", "INPUT1": "IN1"}, {"OUTPUT0": "SUM", "OUTPUT1": "DIFF"}),
+                                    ("post", {"INPUT0": "SUM", "INPUT1": "DIFF"}, {"OUTPUT0": "OUT"})],
+                   [("IN0", "FP32", [16]), ("IN1", "FP32", [16])], [("OUT", "FP32", [16])])
+    out_repo, export = tmp_path / "variants", tmp_path / "export"
+    done = subprocess.run(
+        [sys.executable, "-m", "naiad", "analyze", "--model-repository", str(source), "--profile-models", "add_sub,pipe",
+         "--output-model-repository-path", str(out_repo), "--export-path", str(export),
+         "--run-config-search-max-instance-count", "2", "--run-config-search-min-model-batch-size", "4",
+         "--run-config-search-max-model-batch-size", "4", "--dynamic-batching", "on",
+         "--run-config-search-max-concurrency", "2", "--measurement-interval", "150", "--stability-percentage", "100",
+         "--max-trials", "3"],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Search (brute): 2 configurations" in done.stdout  # add_sub: 1 or 2 instances
+    assert "Search (quick): 4 configurations" in done.stdout  # pipe: pre and post, 1 or 2 instances each
+    rows = list(csv.DictReader((export / "results" / "metrics-model-inference.csv").open()))
+    assert {r["Model"] for r in rows} == {"add_sub", "pipe"}
+    pipe_rows = [r for r in rows if r["Model"] == "pipe"]
+    assert all(r["Instance Count"].startswith("pre:") and " post:" in r["Instance Count"] for r in pipe_rows)
+    # each ensemble variant is a repository of its own: the ensemble plus its composing models' variant configs
+    variant = next(p for p in sorted(out_repo.iterdir()) if p.name.startswith("pipe_config_") and p.name[-1].isdigit())
+    assert sorted(p.name for p in variant.iterdir()) == ["pipe", "post", "pre"]
+    best = sorted((export / "best_configs" / "pipe").iterdir())[0]
+    assert sorted(p.name for p in best.iterdir()) == ["post", "pre"]
+    winner = out_repo / best.name.split("_", 1)[1]  # the variant repository it was measured in
+    for member in ("pre", "post"):
+        config = text_format.Parse((best / member / "config.pbtxt").read_text(), mc.ModelConfig())
+        measured = text_format.Parse((winner / member / "config.pbtxt").read_text(), mc.ModelConfig())
+        assert config == measured and config.name == member
+        if winner.name != "pipe_config_default":  # a variant of the space: batch 4 with dynamic batching
+            assert config.max_batch_size == 4 and config.HasField("dynamic_batching")
+    page = (export / "reports" / "summary.html").read_text()
+    assert 'id="add_sub"' in page and 'id="pipe"' in page and page.count("<svg") == 6
+    summary = (export / "reports" / "summary.txt").read_text()
+    assert "Model: add_sub." in summary and "Model: pipe (ensemble of pre, post, measured end to end)" in summary

@@ -158,3 +158,24 @@ def test_decoupled_model_over_grpc_streaming(tmp_path):
     m = result.levels[0].measurement
     assert m.count > 0 and m.responses == 3 * m.count
     assert result.client_completed == result.server_delta.success_count
+
+
+def test_collect_metrics_reads_the_prometheus_endpoint(server, tmp_path):
+    csv_path = tmp_path / "metrics.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "naiad", "perf", "-m", "add_sub", "-u", server.http_url, *QUICK, "--progress", "off",
+         "--collect-metrics", "--metrics-url", f"127.0.0.1:{server.metrics_port}/metrics", "--metrics-interval", "50",
+         "-f", str(csv_path), "--verbose-csv"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Server Prometheus Metrics:" in done.stdout and "Avg CPU Utilization:" in done.stdout
+    assert "No GPU metrics" in done.stdout  # this machine has none: said, not invented
+    rows = list(csv.DictReader(csv_path.open()))
+    assert rows[0]["Avg GPU Utilization"] == ""  # perf_analyzer's column, empty without GPUs
+    assert 0.0 <= float(rows[0]["Avg CPU Utilization"]) <= 1.0 and int(rows[0]["Max CPU Memory Usage"]) > 0
+
+
+def test_cuda_shared_memory_is_explained():
+    done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "add_sub", "--shared-memory", "cuda"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr and "--shared-memory system" in done.stderr

@@ -24,11 +24,13 @@ def add_tool_parsers(commands: argparse._SubParsersAction) -> None:
     from naiad.tools.llm.cli import add_parser as add_genai_perf
     from naiad.tools.navigate.cli import add_parser as add_navigate
     from naiad.tools.perf.cli import add_parser as add_perf
+    from naiad.tools.repo_lint.cli import add_parser as add_repo
 
     add_perf(commands)
     add_genai_perf(commands)
     add_analyze(commands)
     add_navigate(commands)
+    add_repo(commands)
 
 
 def _tool_argv(argv: list[str]) -> list[str]:
@@ -62,4 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         from naiad.tools.navigate.cli import run as run_navigate
 
         return run_navigate(args)
+    if args.command == "repo":
+        from naiad.tools.repo_lint.cli import run as run_repo_lint
+
+        return run_repo_lint(args)
     return 2

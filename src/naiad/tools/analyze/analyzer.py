@@ -1,4 +1,9 @@
-"""`naiad analyze`: measure config variants of one model on servers it starts, pick the best, write the report."""
+"""`naiad analyze`: measure config variants of each model on servers it starts, pick the best, write the report.
+
+Models are analyzed one after another, each on servers of its own. An ensemble is measured end to end while
+its composing models' configs are varied together (each composing model has its own instance count, batch
+size and batching coordinates), as Model Analyzer does; each ensemble variant is a small repository of its own.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +20,12 @@ from naiad.tools.analyze.search import (
     ConfigPoint,
     ConfigResult,
     Constraints,
+    EnsemblePoint,
+    EnsembleSpace,
     Measurement,
     Objectives,
     SearchSpace,
+    Space,
     brute_search,
     quick_search,
 )
@@ -28,7 +36,10 @@ from naiad.tools.analyze.variants import (
     check_variable,
     config_from_json,
     config_text,
+    ensemble_members,
+    is_ensemble,
     read_config,
+    write_ensemble_variant,
     write_variant,
 )
 from naiad.tools.perf import PerfError, PerfOptions
@@ -55,11 +66,11 @@ def powers_of_two(low: int, high: int) -> list[int]:
 @dataclass
 class AnalyzeOptions:
     model_repository: Path
-    model: str
+    models: list[str]  # --profile-models a,b: analyzed one after another
     output_repository: Path = Path("output_model_repository")
     export_path: Path = Path("results")
     override_output: bool = False
-    search_mode: str = "brute"
+    search_mode: str = ""  # brute | quick; "" = brute, quick for ensembles (Model Analyzer's defaults)
     min_instances: int = 1
     max_instances: int = 3
     min_batch_size: int = 1
@@ -89,13 +100,19 @@ def point_of(config) -> ConfigPoint:
 
 
 class Analyzer:
-    def __init__(self, options: AnalyzeOptions, out: TextIO | None = None) -> None:
+    """The search for one profiled model (a plain model, or an ensemble through its composing models)."""
+
+    def __init__(self, options: AnalyzeOptions, model: str, out: TextIO | None = None) -> None:
         self.options = options
+        self.model = model
         self.out = out or sys.stdout
-        self.source_dir = Path(options.model_repository) / options.model
+        self.source_repo = Path(options.model_repository)
+        self.source_dir = self.source_repo / model
         self.count = 0
         self.default: ConfigResult | None = None
-        self.base = None
+        self.base = None  # the model's config (plain models)
+        self.ensemble = None  # the ensemble's own config (ensembles)
+        self.member_bases: dict[str, object] = {}  # composing model -> its config (ensembles)
 
     def log(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -107,8 +124,9 @@ class Analyzer:
         def stop(results: list[LevelResult]) -> bool:
             last = results[-1]
             memory[int(last.value)] = server.memory_mb()
-            if budget > 0 and last.measurement.percentile_us(99) / 1000.0 > budget:
-                return True  # more clients only add latency
+            over = [r.measurement.percentile_us(99) / 1000.0 > budget for r in results[-2:]] if budget > 0 else []
+            if over and all(over) and (len(over) == 2 or last.measurement.percentile_us(99) > 2000.0 * budget):
+                return True  # more clients only add latency (one noisy p99 alone does not end the climb)
             throughputs = [r.measurement.throughput for r in results]
             if len(throughputs) >= 3:
                 best_before = max(throughputs[:-2])
@@ -117,15 +135,22 @@ class Analyzer:
 
         return stop
 
-    def _measure(self, variant: str, point: ConfigPoint) -> ConfigResult:
+    def _where(self, variant: str) -> tuple[Path, str]:
+        """The repository a variant's server starts on, and the model it loads and measures."""
+        if self.ensemble is not None:
+            return self.options.output_repository / variant, self.model
+        return self.options.output_repository, variant
+
+    def _measure(self, variant: str, point: ConfigPoint | EnsemblePoint) -> ConfigResult:
         o = self.options
         result = ConfigResult(point, variant)
         started = time.monotonic()
+        repository, model = self._where(variant)
         try:
-            with ManagedServer(o.output_repository, [variant], o.server_args, o.server_timeout_s) as server:
+            with ManagedServer(repository, [model], o.server_args, o.server_timeout_s) as server:
                 memory: dict[int, float] = {}
                 perf = PerfOptions(
-                    model=variant, url=server.url(o.protocol), protocol=o.protocol, batch_size=o.client_batch_size,
+                    model=model, url=server.url(o.protocol), protocol=o.protocol, batch_size=o.client_batch_size,
                     levels_override=[float(c) for c in powers_of_two(o.min_concurrency, o.max_concurrency)],
                     measurement_interval_ms=o.measurement_interval_ms, stability_percentage=o.stability_percentage,
                     max_trials=o.max_trials, percentile=99, progress="off")
@@ -149,44 +174,46 @@ class Analyzer:
         self.log(f"  {variant}: {point.describe()}: {status} [{time.monotonic() - started:.1f} s]")
         return result
 
-    def _evaluate(self, point: ConfigPoint) -> ConfigResult:
-        assert self.default is not None and self.base is not None
+    def _evaluate(self, point: ConfigPoint | EnsemblePoint) -> ConfigResult:
+        assert self.default is not None
         if point == self.default.point:
             return self.default
-        name = f"{self.options.model}_config_{self.count}"
+        name = f"{self.model}_config_{self.count}"
         self.count += 1
-        write_variant(self.source_dir, self.options.output_repository / name, apply_point(self.base, name, point))
+        if isinstance(point, EnsemblePoint):
+            members = {m: apply_point(self.member_bases[m], m, p) for m, p in zip(point.models, point.points)}
+            write_ensemble_variant(self.source_repo, self.options.output_repository / name, self.model,
+                                   self.ensemble, members)
+        else:
+            write_variant(self.source_dir, self.options.output_repository / name, apply_point(self.base, name, point))
         return self._measure(name, point)
 
-    # --------------------------------------------------------------- the run
-    def _prepare_output(self) -> None:
-        out = Path(self.options.output_repository)
-        if out.exists() and any(out.iterdir()):
-            if not self.options.override_output:
-                raise AnalyzeError(f"{out} is not empty: pass --override-output-model-repository to replace it")
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
+    # --------------------------------------------------------------- the current config
+    def _served_configs(self, repository: Path, load: str, names: list[str]) -> dict[str, object]:
+        o = self.options
+        try:
+            with ManagedServer(repository, [load], o.server_args, o.server_timeout_s) as server:
+                control = HttpControl(server.url("http"))
+                try:
+                    return {name: config_from_json(control.config(name)) for name in names}
+                finally:
+                    control.close()
+        except ServerStartError as exc:
+            raise AnalyzeError(f"'{self.model}' as configured does not load:\n{exc}") from None
 
     def _default_variant(self) -> ConfigResult:
         """Measure the model as configured today; its server-side config becomes the base of every variant."""
         o = self.options
-        name = f"{o.model}_config_default"
+        name = f"{self.model}_config_default"
         original = read_config(self.source_dir)
+        if original is not None and is_ensemble(original):
+            return self._default_ensemble(original, name)
         target = o.output_repository / name
         if original is not None:
             check_variable(original)
             original.name = name
-            write_variant(self.source_dir, target, original)
-        else:
-            write_variant(self.source_dir, target, None)
-        try:
-            with ManagedServer(o.output_repository, [name], o.server_args, o.server_timeout_s) as server:
-                control = HttpControl(server.url("http"))
-                doc = control.config(name)
-                control.close()
-        except ServerStartError as exc:
-            raise AnalyzeError(f"the model as configured does not load:\n{exc}") from None
-        served = config_from_json(doc)
+        write_variant(self.source_dir, target, original)
+        served = self._served_configs(o.output_repository, name, [name])[name]
         check_variable(served)
         self.base = original if original is not None else served
         if original is None:
@@ -196,11 +223,32 @@ class Analyzer:
         result.is_default = True
         return result
 
-    def space(self) -> SearchSpace:
+    def _default_ensemble(self, ensemble, name: str) -> ConfigResult:
+        members = ensemble_members(ensemble)
+        missing = [m for m in members if not (self.source_repo / m).is_dir()]
+        if missing:
+            raise AnalyzeError(f"ensemble '{self.model}' uses {', '.join(missing)}, not in {self.source_repo}")
+        self.ensemble = ensemble
+        originals = {m: read_config(self.source_repo / m) for m in members}
+        repository = write_ensemble_variant(self.source_repo, self.options.output_repository / name, self.model,
+                                            ensemble, originals)
+        served = self._served_configs(repository, self.model, members)
+        for member in members:
+            check_variable(served[member])
+            self.member_bases[member] = originals[member] if originals[member] is not None else served[member]
+            if originals[member] is None:
+                (repository / member / "config.pbtxt").write_text(config_text(served[member]))
+        self.log(f"Measuring {name} (the ensemble with its composing models as configured: {', '.join(members)})")
+        point = EnsemblePoint(tuple(members), tuple(point_of(self.member_bases[m]) for m in members))
+        result = self._measure(name, point)
+        result.is_default = True
+        return result
+
+    # --------------------------------------------------------------- the search
+    def _member_space(self, base) -> SearchSpace:
         o = self.options
-        assert self.base is not None
-        batchable = self.base.max_batch_size > 0
-        stateful = self.base.HasField("sequence_batching")
+        batchable = base.max_batch_size > 0
+        stateful = base.HasField("sequence_batching")
         return SearchSpace(
             instances=list(range(o.min_instances, o.max_instances + 1)),
             batch_sizes=powers_of_two(o.min_batch_size, o.max_batch_size) if batchable else [0],
@@ -208,18 +256,26 @@ class Analyzer:
             concurrencies=powers_of_two(o.min_concurrency, o.max_concurrency),
         )
 
+    def space(self) -> Space:
+        concurrencies = powers_of_two(self.options.min_concurrency, self.options.max_concurrency)
+        if self.ensemble is not None:
+            return EnsembleSpace([(m, self._member_space(b)) for m, b in self.member_bases.items()], concurrencies)
+        assert self.base is not None
+        return self._member_space(self.base)
+
     def run(self) -> AnalysisReport:
         o = self.options
         if not self.source_dir.is_dir():
             raise AnalyzeError(f"no model directory {self.source_dir}")
         started = time.monotonic()
+        self.log(f"Analyzing {self.model}")
         try:
-            self._prepare_output()
             self.default = self._default_variant()
             space = self.space()
-            self.log(f"Search ({o.search_mode}): {space.size()} configurations in the space, "
+            mode = o.search_mode or ("quick" if self.ensemble is not None else "brute")
+            self.log(f"Search ({mode}): {space.size()} configurations in the space, "
                      f"concurrency {space.concurrencies[0]}..{space.concurrencies[-1]}")
-            if o.search_mode == "quick":
+            if mode == "quick":
                 results = quick_search(space, self._evaluate, o.constraints, o.objectives)
             else:
                 results = brute_search(space, self._evaluate)
@@ -229,35 +285,64 @@ class Analyzer:
         for r in results:
             unique.setdefault(id(r), r)
         ranked = rank_results(list(unique.values()), o.constraints, o.objectives)
-        report = AnalysisReport(o.model, o.search_mode, o.constraints, o.objectives, ranked, o.top,
-                                time.monotonic() - started)
-        self._write(report)
-        return report
+        return AnalysisReport(self.model, mode, o.constraints, o.objectives, ranked, o.top,
+                              time.monotonic() - started, list(self.member_bases))
 
-    def _write(self, report: AnalysisReport) -> None:
-        export = Path(self.options.export_path)
-        write_csv(export / "results" / "metrics-model-inference.csv", report)
-        best_dir = export / "best_configs"
-        if best_dir.exists():
-            shutil.rmtree(best_dir)
+    def write_best(self, report: AnalysisReport, best_dir: Path) -> None:
+        """best_configs/<model>/<rank>_<variant>/: config.pbtxt, or <member>/config.pbtxt for an ensemble."""
         for rank, ranked in enumerate(report.winners(), 1):
-            source = self.options.output_repository / ranked.result.variant / "config.pbtxt"
-            config = read_config(source.parent)
+            target = best_dir / self.model / f"{rank}_{ranked.result.variant}"
+            repository, _ = self._where(ranked.result.variant)
+            if self.ensemble is not None:
+                for member in self.member_bases:
+                    config = read_config(repository / member)
+                    if config is not None:
+                        (target / member).mkdir(parents=True, exist_ok=True)
+                        (target / member / "config.pbtxt").write_text(config_text(config))
+                continue
+            config = read_config(repository / ranked.result.variant)
             if config is None:
                 continue
-            config.name = self.options.model  # a drop-in replacement for the original
-            target = best_dir / f"{rank}_{ranked.result.variant}"
+            config.name = self.model  # a drop-in replacement for the original
             target.mkdir(parents=True, exist_ok=True)
             (target / "config.pbtxt").write_text(config_text(config))
-        lines = summary_lines(report)
-        (export / "reports").mkdir(parents=True, exist_ok=True)
-        (export / "reports" / "summary.txt").write_text("\n".join(lines) + "\n")
-        write_html(export / "reports" / "summary.html", report)
-        self.log("")
-        for line in lines:
-            self.log(line)
-        self.log(f"Report: {export / 'reports' / 'summary.html'}")
 
 
-def run_analyze(options: AnalyzeOptions, out: TextIO | None = None) -> AnalysisReport:
-    return Analyzer(options, out).run()
+def _prepare_output(options: AnalyzeOptions) -> None:
+    out = Path(options.output_repository)
+    if out.exists() and any(out.iterdir()):
+        if not options.override_output:
+            raise AnalyzeError(f"{out} is not empty: pass --override-output-model-repository to replace it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _write(options: AnalyzeOptions, analyzers: list[Analyzer], reports: list[AnalysisReport], out: TextIO) -> None:
+    export = Path(options.export_path)
+    write_csv(export / "results" / "metrics-model-inference.csv", reports)
+    best_dir = export / "best_configs"
+    if best_dir.exists():
+        shutil.rmtree(best_dir)
+    for analyzer, report in zip(analyzers, reports):
+        analyzer.write_best(report, best_dir)
+        write_html(export / "reports" / "summaries" / report.model / "summary.html", [report])
+    lines = [line for report in reports for line in summary_lines(report) + [""]]
+    (export / "reports").mkdir(parents=True, exist_ok=True)
+    (export / "reports" / "summary.txt").write_text("\n".join(lines))
+    write_html(export / "reports" / "summary.html", reports)
+    print("", file=out)
+    for line in lines:
+        print(line, file=out)
+    print(f"Report: {export / 'reports' / 'summary.html'}", file=out, flush=True)
+
+
+def run_analyze(options: AnalyzeOptions, out: TextIO | None = None) -> list[AnalysisReport]:
+    """Analyze every model of `options.models` in turn; one report each, written together."""
+    out = out or sys.stdout
+    if not options.models:
+        raise AnalyzeError("no model to analyze: pass --profile-models NAME[,NAME...]")
+    _prepare_output(options)
+    analyzers = [Analyzer(options, model, out) for model in options.models]
+    reports = [analyzer.run() for analyzer in analyzers]
+    _write(options, analyzers, reports, out)
+    return reports

@@ -15,11 +15,14 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     add = parser.add_argument
     add("mode", nargs="?", choices=["profile"], default="profile", help="only 'profile'")
     add("--model-repository", "-m", required=True, type=Path)
-    add("--profile-models", required=True, metavar="MODEL", help="the model to analyze")
+    add("--profile-models", required=True, metavar="MODEL[,MODEL...]",
+        help="models to analyze, one after another (an ensemble is measured end to end while its composing "
+             "models' configs are varied)")
     add("--output-model-repository-path", type=Path, default=Path("output_model_repository"))
     add("--export-path", "-e", type=Path, default=Path("results"))
     add("--override-output-model-repository", action="store_true")
-    add("--run-config-search-mode", choices=["brute", "quick"], default="brute")
+    add("--run-config-search-mode", choices=["brute", "quick"], default="",
+        help="default: brute, quick for ensembles (as Model Analyzer)")
     add("--run-config-search-min-instance-count", type=int, default=1)
     add("--run-config-search-max-instance-count", type=int, default=3)
     add("--run-config-search-min-model-batch-size", type=int, default=1)
@@ -53,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         options = AnalyzeOptions(
-            model_repository=args.model_repository, model=args.profile_models,
+            model_repository=args.model_repository,
+            models=[m.strip() for m in args.profile_models.split(",") if m.strip()],
             output_repository=args.output_model_repository_path, export_path=args.export_path,
             override_output=args.override_output_model_repository, search_mode=args.run_config_search_mode,
             min_instances=args.run_config_search_min_instance_count,
@@ -67,8 +71,11 @@ def run(args: argparse.Namespace) -> int:
             client_batch_size=args.batch_size, measurement_interval_ms=args.measurement_interval,
             stability_percentage=args.stability_percentage, max_trials=args.max_trials,
             top=args.num_top_model_configs, server_args=args.server_arg)
-        report = run_analyze(options)
+        reports = run_analyze(options)
     except (AnalyzeError, ValueError) as exc:
         print(f"naiad analyze: error: {exc}", file=sys.stderr)
         return 1
-    return 0 if report.winners() else 3
+    except KeyboardInterrupt:
+        print("naiad analyze: interrupted (the servers it started are stopped)", file=sys.stderr)
+        return 130
+    return 0 if all(report.winners() for report in reports) else 3

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from naiad.tools.analyze.search import (
@@ -37,6 +37,7 @@ class AnalysisReport:
     ranked: list[Ranked]
     top: int
     seconds: float
+    members: list[str] = field(default_factory=list)  # an ensemble's composing models (empty otherwise)
 
     def results(self) -> list[ConfigResult]:
         return [r.result for r in self.ranked]
@@ -56,12 +57,13 @@ def rank_results(results: list[ConfigResult], constraints: Constraints, objectiv
     return [Ranked(r, r.best(constraints, objectives, pool)) for r in ordered]
 
 
-def write_csv(path: Path, report: AnalysisReport) -> None:
+def write_csv(path: Path, reports: list[AnalysisReport]) -> None:
+    """Every measurement of every model; an ensemble's cells name each composing model (`name:value`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
-        for ranked in report.ranked:
+        for report, ranked in ((report, ranked) for report in reports for ranked in report.ranked):
             r, p = ranked.result, ranked.result.point
             for m in r.measurements:
                 writer.writerow([report.model, r.variant, p.instances, p.max_batch_size, p.batching, m.concurrency,
@@ -71,7 +73,8 @@ def write_csv(path: Path, report: AnalysisReport) -> None:
 
 
 def summary_lines(report: AnalysisReport) -> list[str]:
-    lines = [f"Model: {report.model}. Search: {report.search_mode}, {len(report.ranked)} configurations measured "
+    kind = f" (ensemble of {', '.join(report.members)}, measured end to end)" if report.members else ""
+    lines = [f"Model: {report.model}{kind}. Search: {report.search_mode}, {len(report.ranked)} configurations measured "
              f"in {report.seconds:.0f} s. Constraints: {report.constraints.describe()}. "
              f"Objective: {', '.join(f'{k} (weight {v:g})' for k, v in report.objectives.weights.items())}."]
     winners = report.winners()
@@ -100,8 +103,12 @@ def summary_lines(report: AnalysisReport) -> list[str]:
     if best.result.is_default:
         lines.append("The current config is already the best of those measured: keep it, and run clients at "
                      f"concurrency {m.concurrency}.")
+    elif report.members:
+        lines.append(f"To use it: copy each best_configs/{report.model}/1_{best.result.variant}/<model>/config.pbtxt "
+                     f"over <model>/config.pbtxt in your model repository (composing models "
+                     f"{', '.join(report.members)}), and run clients of {report.model} at concurrency {m.concurrency}.")
     else:
-        lines.append(f"To use it: copy best_configs/1_{best.result.variant}/config.pbtxt over "
+        lines.append(f"To use it: copy best_configs/{report.model}/1_{best.result.variant}/config.pbtxt over "
                      f"{report.model}/config.pbtxt in your model repository, and run clients at concurrency "
                      f"{m.concurrency}.")
     for index, other in enumerate(winners[1:], 2):
@@ -164,23 +171,34 @@ def _charts(report: AnalysisReport) -> list[str]:
 
 
 STYLE = """body{font-family:sans-serif;margin:24px;max-width:1000px;color:#222}
-h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+h1{font-size:22px}h1.model{border-top:2px solid #1f77b4;padding-top:16px;margin-top:40px}h2{font-size:17px;margin-top:28px}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}
 td:nth-child(2),th:nth-child(2),td:nth-child(5){text-align:left}thead{background:#f0f3f7}
 .summary{background:#f6f8fa;border-left:4px solid #1f77b4;padding:10px 16px}.summary p{margin:6px 0}"""
 
 
-def write_html(path: Path, report: AnalysisReport) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _section(report: AnalysisReport, heading: str) -> str:
     summary = "".join(f"<p>{html.escape(line)}</p>" for line in summary_lines(report))
     charts = "".join(f"<div>{svg}</div>" for svg in _charts(report))
+    return (f"{heading}<div class=\"summary\">{summary}</div>\n<h2>Throughput, latency and memory</h2>{charts}\n"
+            f"<h2>All configurations (ranked)</h2>{_table(report)}\n")
+
+
+def write_html(path: Path, reports: list[AnalysisReport]) -> None:
+    """One page: a section per model (summary, charts, ranked table)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = ", ".join(r.model for r in reports)
+    if len(reports) == 1:
+        body = _section(reports[0], "")
+    else:
+        index = "".join(f'<li><a href="#{html.escape(r.model)}">{html.escape(r.model)}</a></li>' for r in reports)
+        body = f"<ul>{index}</ul>" + "".join(
+            _section(r, f'<h1 id="{html.escape(r.model)}" class="model">{html.escape(r.model)}</h1>') for r in reports)
     path.write_text(f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>naiad analyze: {html.escape(report.model)}</title>
+<html lang="en"><head><meta charset="utf-8"><title>naiad analyze: {html.escape(names)}</title>
 <style>{STYLE}</style></head><body>
-<h1>Model configuration report: {html.escape(report.model)}</h1>
-<div class="summary">{summary}</div>
-<h2>Throughput, latency and memory</h2>{charts}
-<h2>All configurations (ranked)</h2>{_table(report)}
+<h1>Model configuration report: {html.escape(names)}</h1>
+{body}
 <p>Every point is a perf measurement (stable windows merged) at one client concurrency; details are in
 results/metrics-model-inference.csv.</p>
 </body></html>

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 BATCHING_CHOICES = ("off", "on", "preferred")
 
@@ -107,7 +108,7 @@ def parse_objectives(text: str) -> Objectives:
 
 @dataclass
 class ConfigResult:
-    point: ConfigPoint
+    point: Any  # ConfigPoint, or EnsemblePoint for an ensemble
     variant: str
     measurements: list[Measurement] = field(default_factory=list)
     error: str = ""
@@ -165,23 +166,93 @@ class SearchSpace:
     def size(self) -> int:
         return len(self.points())
 
+    def point_at(self, coords: tuple[int, ...]) -> ConfigPoint:
+        dims = self.dims()
+        return ConfigPoint(*(dims[d][c] for d, c in enumerate(coords)))  # type: ignore[arg-type]
 
-Evaluate = Callable[[ConfigPoint], ConfigResult]
+    def start(self) -> tuple[int, ...]:
+        """Where the quick search starts: one instance, the smallest batch, dynamic batching if allowed."""
+        batching = self.dims()[2]
+        coords = (0, 0, next((i for i, b in enumerate(batching) if b != "off"), 0))
+        return coords if self.valid(self.point_at(coords)) else (0, 0, 0)
+
+    def point_valid(self, point: ConfigPoint) -> bool:
+        return self.valid(point)
 
 
-def brute_search(space: SearchSpace, evaluate: Evaluate) -> list[ConfigResult]:
+@dataclass(frozen=True)
+class EnsemblePoint:
+    """One configuration of every composing model of an ensemble (in step order)."""
+
+    models: tuple[str, ...]
+    points: tuple[ConfigPoint, ...]
+
+    def describe(self) -> str:
+        return "; ".join(f"{m}: {p.describe()}" for m, p in zip(self.models, self.points))
+
+    def _joined(self, attribute: str) -> str:
+        return " ".join(f"{m}:{getattr(p, attribute)}" for m, p in zip(self.models, self.points))
+
+    @property
+    def instances(self) -> str:
+        return self._joined("instances")
+
+    @property
+    def max_batch_size(self) -> str:
+        return self._joined("max_batch_size")
+
+    @property
+    def batching(self) -> str:
+        return self._joined("batching")
+
+
+@dataclass
+class EnsembleSpace:
+    """The composing models' spaces side by side: a coordinate per model per dimension."""
+
+    members: list[tuple[str, SearchSpace]]
+    concurrencies: list[int]
+
+    def dims(self) -> list[list[object]]:
+        return [d for _, space in self.members for d in space.dims()]
+
+    def point_at(self, coords: tuple[int, ...]) -> EnsemblePoint:
+        points = tuple(space.point_at(coords[3 * i:3 * i + 3]) for i, (_, space) in enumerate(self.members))
+        return EnsemblePoint(tuple(name for name, _ in self.members), points)
+
+    def point_valid(self, point: EnsemblePoint) -> bool:
+        return all(SearchSpace.valid(p) for p in point.points)
+
+    def start(self) -> tuple[int, ...]:
+        return tuple(c for _, space in self.members for c in space.start())
+
+    def points(self) -> list[EnsemblePoint]:
+        names = tuple(name for name, _ in self.members)
+        return [EnsemblePoint(names, combo) for combo in itertools.product(*(sp.points() for _, sp in self.members))]
+
+    def size(self) -> int:
+        total = 1
+        for _, space in self.members:
+            total *= space.size()
+        return total
+
+
+Space = SearchSpace | EnsembleSpace
+Evaluate = Callable[[Any], ConfigResult]
+
+
+def brute_search(space: Space, evaluate: Evaluate) -> list[ConfigResult]:
     return [evaluate(point) for point in space.points()]
 
 
-def quick_search(space: SearchSpace, evaluate: Evaluate, constraints: Constraints, objectives: Objectives,
+def quick_search(space: Space, evaluate: Evaluate, constraints: Constraints, objectives: Objectives,
                  max_steps: int = 0) -> list[ConfigResult]:
     """Hill climbing on the grid (one coordinate +-1 at a time) from the smallest configuration with
-    dynamic batching; stops when no neighbour scores better. Each point is measured at most once."""
+    dynamic batching; stops when no neighbour scores better. Each point is measured at most once.
+    For an ensemble every composing model's dimensions are coordinates of the same climb."""
     dims = space.dims()
     seen: dict[tuple[int, ...], ConfigResult] = {}
-
-    def point_at(coords: tuple[int, ...]) -> ConfigPoint:
-        return ConfigPoint(*(dims[d][c] for d, c in enumerate(coords)))  # type: ignore[arg-type]
+    point_at = space.point_at
 
     def visit(coords: tuple[int, ...]) -> ConfigResult:
         if coords not in seen:
@@ -193,25 +264,31 @@ def quick_search(space: SearchSpace, evaluate: Evaluate, constraints: Constraint
         pool = [m for m in all_measurements(results) if constraints.satisfied(m)] or all_measurements(results)
         return config_score(seen[coords], constraints, objectives, pool)
 
-    batching_start = next((i for i, b in enumerate(dims[2]) if b != "off"), 0)
-    current = (0, 0, batching_start)
-    if not space.valid(point_at(current)):
-        current = (0, 0, 0)
+    current = space.start()
     visit(current)
-    limit = max_steps or sum(len(d) for d in dims) * 2
-    for _ in range(limit):
-        neighbours = []
+    def around(center: tuple[int, ...], distance: int) -> list[tuple[int, ...]]:
+        found = []
         for d in range(len(dims)):
-            for step in (-1, 1):
-                coords = list(current)
+            for step in (-distance, distance):
+                coords = list(center)
                 coords[d] += step
                 candidate = tuple(coords)
-                if 0 <= coords[d] < len(dims[d]) and space.valid(point_at(candidate)):
-                    neighbours.append(candidate)
-        for coords in neighbours:
+                if 0 <= coords[d] < len(dims[d]) and space.point_valid(point_at(candidate)):
+                    found.append(candidate)
+        return found
+
+    def better(candidates: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+        for coords in candidates:
             visit(coords)
-        best = max(neighbours, key=score, default=current)
-        if score(best) <= score(current) + 0.01 * abs(score(current)):
+        best = max(candidates, key=score, default=current)
+        return best if score(best) > score(current) + 0.01 * abs(score(current)) else None
+
+    limit = max_steps or sum(len(d) for d in dims) * 2
+    for _ in range(limit):
+        # one step along each coordinate; when none helps, two steps (a single noisy measurement next
+        # to the current point must not end the climb) before giving up
+        step = better(around(current, 1)) or better(around(current, 2))
+        if step is None:
             break
-        current = best
+        current = step
     return list(seen.values())

@@ -38,9 +38,19 @@ def config_from_json(doc: dict[str, Any]) -> mc.ModelConfig:
     return config
 
 
+def is_ensemble(config: mc.ModelConfig) -> bool:
+    return config.platform == "ensemble" or config.HasField("ensemble_scheduling")
+
+
 def check_variable(config: mc.ModelConfig) -> None:
-    if config.platform == "ensemble" or config.HasField("ensemble_scheduling"):
-        raise VariantError("ensembles are searched through their composing models; analyze those instead")
+    """A model whose own config is varied (an ensemble is varied through its composing models)."""
+    if is_ensemble(config):
+        raise VariantError(f"'{config.name}' is an ensemble inside an ensemble: nested ensembles are not searched")
+
+
+def ensemble_members(config: mc.ModelConfig) -> list[str]:
+    """The composing models, in step order, each once."""
+    return list(dict.fromkeys(step.model_name for step in config.ensemble_scheduling.step))
 
 
 def apply_point(base: mc.ModelConfig, name: str, point: ConfigPoint) -> mc.ModelConfig:
@@ -93,3 +103,15 @@ def write_variant(source_dir: Path, target_dir: Path, config: mc.ModelConfig | N
     if config is not None:
         (target_dir / CONFIG_FILE).write_text(config_text(config))
     return target_dir
+
+
+def write_ensemble_variant(source_repo: Path, target_repo: Path, ensemble: str, ensemble_config: mc.ModelConfig | None,
+                           members: dict[str, mc.ModelConfig | None]) -> Path:
+    """A repository of its own for one ensemble variant: the ensemble as it is, each member with its config."""
+    if target_repo.exists():
+        shutil.rmtree(target_repo)
+    target_repo.mkdir(parents=True)
+    write_variant(source_repo / ensemble, target_repo / ensemble, ensemble_config)
+    for name, config in members.items():
+        write_variant(source_repo / name, target_repo / name, config)
+    return target_repo

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import base64
-import json
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
 import numpy as np
 
-from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
+from naiad.protocol.datatypes import WIRE_DTYPES
+from naiad.tools.perf.data_files import DataFileError, Stream, load_directory, load_json_streams
 from naiad.tools.v2client import ModelInfo, TensorSpec
 
 
@@ -85,85 +82,61 @@ def synthetic_sample(spec: TensorSpec, dims: list[int], mode: str, rng: np.rando
     return rng.integers(0, high, size=dims).astype(dtype)
 
 
-def _from_json_value(spec: TensorSpec, value: Any, dims: list[int]) -> np.ndarray:
-    shape = dims
-    if isinstance(value, dict):
-        if "shape" in value:
-            shape = [int(d) for d in value["shape"]]
-        if "b64" in value:
-            raw = base64.b64decode(value["b64"])
-            if spec.datatype == "BYTES":
-                return np.array([raw], dtype=np.object_).reshape(shape or [1])
-            return np.frombuffer(raw, dtype=WIRE_DTYPES[spec.datatype]).reshape(shape)
-        value = value.get("content", value.get("data"))
-    flat = np.asarray(value).ravel()
-    if spec.datatype == "BYTES":
-        array = np.array([v.encode() if isinstance(v, str) else bytes(v) for v in flat.tolist()], dtype=np.object_)
-    else:
-        array = flat.astype(NUMPY_DTYPES[spec.datatype])
-    if any(d < 0 for d in shape):
-        variable = [i for i, d in enumerate(shape) if d < 0]
-        if len(variable) != 1:
-            raise InputError(f"input '{spec.name}': give a 'shape' in the data file for dims {shape}")
-        fixed = int(np.prod([d for d in shape if d >= 0])) if len(shape) > 1 else 1
-        shape = list(shape)
-        shape[variable[0]] = array.size // max(fixed, 1)
-    try:
-        return array.reshape(shape)
-    except ValueError:
-        raise InputError(f"input '{spec.name}': {array.size} values do not fit shape {shape}") from None
+@dataclass
+class InputData:
+    """Every distinct request the run sends (`sets`) and the data streams, as indexes into `sets`."""
+
+    sets: list[InputSet]
+    streams: list[list[int]]
 
 
-def load_json_samples(path: Path, model: ModelInfo, shapes: dict[str, list[int]]) -> list[dict[str, np.ndarray]]:
-    """perf_analyzer's data file: {"data": [{NAME: [..] | {"content": [..], "shape": [..]} | {"b64": ".."}}, ...]}."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise InputError(f"cannot read input data file {path}: {exc}") from None
-    steps = doc.get("data") if isinstance(doc, dict) else None
-    if not isinstance(steps, list) or not steps:
-        raise InputError(f"{path}: expected an object with a non-empty 'data' list")
-    batched = model.max_batch_size > 0
-    samples = []
-    for index, step in enumerate(steps):
-        if isinstance(step, list):  # sequence form: take its steps in order
-            raise InputError(f"{path}: entry {index} is a sequence; sequences are not supported by naiad perf")
-        sample = {}
-        for spec in model.inputs:
-            if spec.name not in step:
-                raise InputError(f"{path}: entry {index} has no value for input '{spec.name}'")
-            dims = spec.shape[1:] if batched else list(spec.shape)
-            dims = shapes.get(spec.name, dims)
-            sample[spec.name] = _from_json_value(spec, step[spec.name], dims)
-        samples.append(sample)
-    return samples
+def _user_streams(model: ModelInfo, sources: list[str], shapes: dict[str, list[int]]) -> list[Stream]:
+    streams: list[Stream] = []
+    for source in sources:
+        path = Path(source)
+        try:
+            streams += load_directory(path, model, shapes) if path.is_dir() else load_json_streams(path, model, shapes)
+        except DataFileError as exc:
+            raise InputError(str(exc)) from None
+    return streams
 
 
-def build_input_sets(model: ModelInfo, batch_size: int, data: str, shapes: dict[str, list[int]],
-                     string_length: int = 128, string_data: str | None = None, seed: int = 0) -> list[InputSet]:
-    """Every distinct request the run cycles through (a JSON file gives one per entry)."""
+def build_input_data(model: ModelInfo, batch_size: int, data: str | list[str], shapes: dict[str, list[int]],
+                     string_length: int = 128, string_data: str | None = None, seed: int = 0) -> InputData:
+    """zero / random: one request; JSON files and directories: one per entry, grouped in their streams."""
     batched = model.max_batch_size > 0
     if not batched and batch_size != 1:
         raise InputError(f"model '{model.name}' does not support batching (max_batch_size 0): use -b 1")
     if batched and batch_size > model.max_batch_size:
         raise InputError(f"batch size {batch_size} exceeds the model's max_batch_size {model.max_batch_size}")
-    if data in ("zero", "random"):
+    sources = [data] if isinstance(data, str) else list(data)
+    if sources in (["zero"], ["random"]):
         rng = np.random.default_rng(seed)
-        samples = [{spec.name: synthetic_sample(spec, tensor_dims(spec, batched, shapes), data, rng,
-                                                string_length, string_data)
-                    for spec in model.inputs}]
+        streams = [[{spec.name: synthetic_sample(spec, tensor_dims(spec, batched, shapes), sources[0], rng,
+                                                 string_length, string_data)
+                     for spec in model.inputs}]]
     else:
-        samples = load_json_samples(Path(data), model, shapes)
-    sets = []
-    for sample in samples:
-        tensors = []
-        for spec in model.inputs:
-            array = sample[spec.name]
-            if batched:
-                array = np.repeat(array[np.newaxis, ...], batch_size, axis=0)
-            tensors.append(Tensor(spec.name, spec.datatype, array))
-        sets.append(tensors)
-    return sets
+        streams = _user_streams(model, sources, shapes)
+    sets: list[InputSet] = []
+    indexes = []
+    for stream in streams:
+        indexes.append([])
+        for sample in stream:
+            tensors = []
+            for spec in model.inputs:
+                array = sample[spec.name]
+                if batched:
+                    array = np.repeat(array[np.newaxis, ...], batch_size, axis=0)
+                tensors.append(Tensor(spec.name, spec.datatype, array))
+            indexes[-1].append(len(sets))
+            sets.append(tensors)
+    return InputData(sets, indexes)
+
+
+def build_input_sets(model: ModelInfo, batch_size: int, data: str | list[str], shapes: dict[str, list[int]],
+                     string_length: int = 128, string_data: str | None = None, seed: int = 0) -> list[InputSet]:
+    """Every distinct request the run cycles through (a JSON file gives one per entry)."""
+    return build_input_data(model, batch_size, data, shapes, string_length, string_data, seed).sets
 
 
 def tensor_bytes(tensor: Tensor) -> bytes:

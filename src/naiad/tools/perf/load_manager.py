@@ -39,7 +39,8 @@ class LoadManager:
         self.active: list[int] = []
         for index in range(max(1, processes)):
             parent, child = context.Pipe()
-            process = context.Process(target=worker_main, args=(child, replace(spec, seed=spec.seed + index)),
+            process = context.Process(target=worker_main, args=(child, replace(spec, seed=spec.seed + index, process_index=index,
+                                                                         process_count=max(1, processes))),
                                       name=f"naiad-perf-load-{index}", daemon=True)
             process.start()
             child.close()
@@ -58,7 +59,7 @@ class LoadManager:
             raise LoadError(f"load process {index} did not answer within {timeout:.0f} s")
         try:
             message = pipe.recv()
-        except EOFError:
+        except (EOFError, OSError):
             raise LoadError(f"load process {index} ended unexpectedly") from None
         if message[0] != kind:
             raise LoadError(f"load process {index} answered {message[0]!r}, expected {kind!r}")

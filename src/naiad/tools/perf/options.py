@@ -20,7 +20,7 @@ class PerfOptions:
     request_distribution: str = "constant"
     request_intervals_ns: list[int] = field(default_factory=list)
     shapes: list[str] = field(default_factory=list)
-    input_data: str = "random"
+    input_data: str | list[str] = "random"  # zero | random | JSON files / directories (repeatable)
     string_length: int = 128
     string_data: str | None = None
     shared_memory: str = "none"
@@ -46,6 +46,14 @@ class PerfOptions:
     verbose: bool = False
     seed: int = 0
     levels_override: list[float] = field(default_factory=list)  # explicit load values (e.g. powers of two)
+    sequence_length: int = 0  # 0 = the data stream's length with user data, else 20
+    sequence_length_variation: float = 20.0
+    sequence_id_range: tuple[int, int] = (1, 0)  # [start, end); end 0 = unbounded
+    num_of_sequences: int = 4
+    serial_sequences: bool = False
+    collect_metrics: bool = False
+    metrics_url: str = ""
+    metrics_interval_ms: float = 1000.0
 
     @property
     def mode(self) -> str:
@@ -104,6 +112,18 @@ def parse_range(text: str, kind: type) -> tuple:
     return start, end, step
 
 
+def _id_range(text: str) -> tuple[int, int]:
+    """'start[:end]' for --sequence-id-range (end excluded; no end = unbounded)."""
+    start, _, end = text.partition(":")
+    try:
+        first, last = int(start), int(end) if end else 0
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected start[:end], got '{text}'") from None
+    if first < 1 or (last and last <= first):
+        raise argparse.ArgumentTypeError(f"'{text}': ids start at 1 or more and the end must be above the start")
+    return first, last
+
+
 def add_perf_flags(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("-m", "--model-name", dest="model", required=True, help="model to profile")
@@ -122,11 +142,12 @@ def add_perf_flags(parser: argparse.ArgumentParser) -> None:
     add("--request-distribution", choices=["constant", "poisson"], default="constant")
     add("--request-intervals", default="", metavar="FILE", help="microseconds between requests, one per line")
     add("--shape", action="append", default=[], metavar="NAME:D1,D2", help="dims of a variable-shape input")
-    add("--input-data", default="random", help="zero, random, or a JSON data file")
+    add("--input-data", action="append", default=None,
+        help="zero, random, a JSON data file or a directory of raw input files (files are repeatable)")
     add("--string-length", type=int, default=128)
     add("--string-data", default=None)
-    add("--shared-memory", choices=["none", "system"], default="none",
-        help="pass tensors through system shared memory (cuda is not available in Naiad's client)")
+    add("--shared-memory", choices=["none", "system", "cuda"], default="none",
+        help="pass tensors through system shared memory (cuda needs a GPU and is refused with the reason)")
     add("--output-shared-memory-size", type=int, default=102400)
     add("--input-tensor-format", choices=["binary"], default="binary")
     add("--output-tensor-format", choices=["binary"], default="binary")
@@ -143,6 +164,17 @@ def add_perf_flags(parser: argparse.ArgumentParser) -> None:
     add("-l", "--latency-threshold", type=float, default=0.0, metavar="MS",
         help="stop the sweep once latency exceeds this")
     add("--binary-search", action="store_true", help="binary-search the range for the latency threshold")
+    seq = parser.add_argument_group("sequence models")
+    seq.add_argument("--sequence-length", type=int, default=0,
+                     help="requests per sequence (default 20, or the data stream's length with --input-data FILE)")
+    seq.add_argument("--sequence-length-variation", type=float, default=20.0, metavar="PERCENT")
+    seq.add_argument("--sequence-id-range", type=_id_range, default=(1, 0), metavar="START[:END]")
+    seq.add_argument("--num-of-sequences", type=int, default=4, help="live sequences in request-rate mode")
+    seq.add_argument("--serial-sequences", action="store_true", help="at most one live request per sequence")
+    metrics = parser.add_argument_group("server metrics")
+    metrics.add_argument("--collect-metrics", action="store_true", help="read the server's Prometheus metrics")
+    metrics.add_argument("--metrics-url", default="", help="default: the server's host, port 8002, /metrics")
+    metrics.add_argument("--metrics-interval", type=float, default=1000.0, metavar="MS")
     add("-f", "--latency-report-file", dest="csv_file", default="", metavar="CSV")
     add("--verbose-csv", action="store_true")
     add("--json-report-file", dest="json_file", default="", metavar="JSON", help="(naiad) every level as JSON")
@@ -171,13 +203,24 @@ def options_from_args(args: argparse.Namespace) -> PerfOptions:
     if args.binary_search and args.latency_threshold <= 0:
         raise SystemExit("naiad perf: --binary-search needs -l/--latency-threshold")
     protocol = args.protocol.lower()
+    if args.shared_memory == "cuda":
+        raise SystemExit("naiad perf: --shared-memory cuda needs a CUDA GPU and CUDA IPC handles, which this client "
+                         "does not create; use --shared-memory system (same API, host memory) or none")
+    input_data: str | list[str] = args.input_data or "random"
+    if isinstance(input_data, list):
+        if len(input_data) > 1 and any(item in ("zero", "random") for item in input_data):
+            raise SystemExit("naiad perf: --input-data zero/random cannot be combined with data files")
+        input_data = input_data[0] if len(input_data) == 1 else input_data
+    if args.sequence_length < 0 or not 0 <= args.sequence_length_variation <= 100 or args.num_of_sequences < 1:
+        raise SystemExit("naiad perf: --sequence-length >= 0, --sequence-length-variation 0..100 and "
+                         "--num-of-sequences >= 1 are expected")
     if args.streaming and protocol != "grpc":
         raise SystemExit("naiad perf: --streaming is only available with -i grpc")
     return PerfOptions(
         model=args.model, version=args.version, url=args.url, protocol=protocol, streaming=args.streaming,
         batch_size=args.batch_size, concurrency_range=args.concurrency_range,
         request_rate_range=args.request_rate_range, request_distribution=args.request_distribution,
-        request_intervals_ns=intervals, shapes=args.shape, input_data=args.input_data,
+        request_intervals_ns=intervals, shapes=args.shape, input_data=input_data,
         string_length=args.string_length, string_data=args.string_data, shared_memory=args.shared_memory,
         output_shared_memory_size=args.output_shared_memory_size, headers=headers,
         request_parameters=args.request_parameter, measurement_mode=args.measurement_mode,
@@ -187,4 +230,8 @@ def options_from_args(args: argparse.Namespace) -> PerfOptions:
         latency_threshold_ms=args.latency_threshold, binary_search=args.binary_search, csv_file=args.csv_file,
         verbose_csv=args.verbose_csv, json_file=args.json_file, processes=args.processes,
         max_connections=args.max_connections, progress=args.progress, verbose=args.verbose,
+        sequence_length=args.sequence_length, sequence_length_variation=args.sequence_length_variation,
+        sequence_id_range=args.sequence_id_range, num_of_sequences=args.num_of_sequences,
+        serial_sequences=args.serial_sequences, collect_metrics=args.collect_metrics, metrics_url=args.metrics_url,
+        metrics_interval_ms=args.metrics_interval,
     )

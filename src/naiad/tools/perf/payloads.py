@@ -38,9 +38,19 @@ def _shm_params(ref: ShmRef) -> dict[str, object]:
             "shared_memory_offset": ref.offset}
 
 
-def http_payload(host: str, port: int, model: ModelInfo, inputs: InputSet, options: RequestOptions,
-                 shm_inputs: dict[str, ShmRef] | None, shm_outputs: dict[str, ShmRef] | None) -> bytes:
-    """A complete POST .../infer request; tensors ride in the body (binary extension) or in shared memory."""
+@dataclass
+class HttpTemplate:
+    """A request's pieces before framing, so that sequence parameters can be added per request cheaply."""
+
+    head: list[str]  # request line, Host and -H headers
+    doc: dict[str, object]  # the JSON inference header
+    blobs: bytes  # binary tensor data after the JSON header
+    binary: bool  # the body carries binary data or shared-memory references
+
+
+def http_template(host: str, port: int, model: ModelInfo, inputs: InputSet, options: RequestOptions,
+                  shm_inputs: dict[str, ShmRef] | None, shm_outputs: dict[str, ShmRef] | None) -> HttpTemplate:
+    """A POST .../infer request; tensors ride in the body (binary extension) or in shared memory."""
     blobs = []
     doc_inputs = []
     for tensor in inputs:
@@ -59,16 +69,41 @@ def http_payload(host: str, port: int, model: ModelInfo, inputs: InputSet, optio
     doc: dict[str, object] = {"inputs": doc_inputs, "outputs": doc_outputs}
     if options.parameters:
         doc["parameters"] = dict(options.parameters)
-    header = json.dumps(doc, separators=(",", ":")).encode()
-    body = header + b"".join(blobs)
     path = f"/v2/models/{options.model}" + (f"/versions/{options.version}" if options.version else "") + "/infer"
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
-    if blobs or shm_inputs is not None:
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}"] + [f"{k}: {v}" for k, v in options.headers.items()]
+    return HttpTemplate(head, doc, b"".join(blobs), bool(blobs) or shm_inputs is not None)
+
+
+def render_http(template: HttpTemplate, extra: dict[str, object] | None = None) -> bytes:
+    """The request bytes, with `extra` request parameters (sequence id and flags) merged in."""
+    doc = template.doc
+    if extra:
+        doc = dict(doc, parameters={**doc.get("parameters", {}), **extra})  # type: ignore[dict-item]
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    body = header + template.blobs
+    lines = template.head[:1] + template.head[1:2] + [f"Content-Length: {len(body)}"]
+    if template.binary:
         lines += ["Content-Type: application/octet-stream", f"Inference-Header-Content-Length: {len(header)}"]
     else:
         lines.append("Content-Type: application/json")
-    lines += [f"{k}: {v}" for k, v in options.headers.items()]
+    lines += template.head[2:]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def http_payload(host: str, port: int, model: ModelInfo, inputs: InputSet, options: RequestOptions,
+                 shm_inputs: dict[str, ShmRef] | None, shm_outputs: dict[str, ShmRef] | None) -> bytes:
+    """A complete POST .../infer request."""
+    return render_http(http_template(host, port, model, inputs, options, shm_inputs, shm_outputs))
+
+
+def grpc_parameters(extra: dict[str, object]) -> bytes:
+    """Serialized request parameters only: appended to a serialized ModelInferRequest they merge into its map."""
+    from tritonclient.grpc import service_pb2
+
+    request = service_pb2.ModelInferRequest()
+    for key, value in extra.items():
+        _set_parameter(request.parameters, key, value)
+    return request.SerializeToString()
 
 
 def _set_parameter(params: object, key: str, value: object) -> None:

@@ -10,11 +10,13 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from naiad.tools.perf.inputs import build_input_sets, output_byte_size, parse_shapes
+from naiad.tools.perf.inputs import InputData, build_input_data, output_byte_size, parse_shapes
 from naiad.tools.perf.load_manager import LoadError, LoadManager
 from naiad.tools.perf.measurement import END, WindowStats, empty_records, is_stable, merge_windows, summarize_window
 from naiad.tools.perf.options import PerfOptions
-from naiad.tools.perf.payloads import RequestOptions, grpc_payload, http_payload, parse_request_parameter
+from naiad.tools.perf.payloads import RequestOptions, grpc_payload, http_template, parse_request_parameter, render_http
+from naiad.tools.perf.sequences import SequenceSpec
+from naiad.tools.perf.server_metrics import MetricsCollector, metrics_url
 from naiad.tools.perf.progress import ProgressLine
 from naiad.tools.perf.report import LevelResult, print_level, print_summary, write_csv, write_json
 from naiad.tools.perf.shm import SystemShmRegions
@@ -58,6 +60,8 @@ class Profiler:
         self.has_stats = True
         self.manager: LoadManager | None = None
         self.completed = 0
+        self.metrics = (MetricsCollector(metrics_url(options.metrics_url, options.resolved_url()),
+                                         options.metrics_interval_ms, self.err) if options.collect_metrics else None)
 
     # ------------------------------------------------------------------ set-up
     def _model(self) -> ModelInfo:
@@ -68,10 +72,11 @@ class Profiler:
         except (ServerError, OSError) as exc:
             raise PerfError(f"cannot read model '{self.options.model}' from {self.options.resolved_url()}: {exc}") from None
 
-    def _payloads(self, info: ModelInfo, shm: SystemShmRegions | None) -> list[bytes]:
+    def _payloads(self, info: ModelInfo, shm: SystemShmRegions | None) -> tuple[list[bytes], list[Any], InputData]:
+        """Request bytes per input set, the templates sequence requests are rendered from, and the data."""
         o = self.options
         try:
-            sets = build_input_sets(info, o.batch_size, o.input_data, parse_shapes(o.shapes),
+            data = build_input_data(info, o.batch_size, o.input_data, parse_shapes(o.shapes),
                                     o.string_length, o.string_data, o.seed)
             params = dict(parse_request_parameter(p) for p in o.request_parameters)
         except ValueError as exc:
@@ -81,17 +86,40 @@ class Profiler:
         if shm is not None:
             batched = info.max_batch_size > 0
             sizes = {s.name: output_byte_size(s, batched, o.batch_size, o.output_shared_memory_size) for s in info.outputs}
-            layout = shm.build(sets, sizes)
+            layout = shm.build(data.sets, sizes)
         host, port = split_url(o.resolved_url(), 8001 if o.protocol == "grpc" else 8000)
-        payloads = []
-        for index, tensors in enumerate(sets):
+        payloads: list[bytes] = []
+        templates: list[Any] = []
+        for index, tensors in enumerate(data.sets):
             shm_in = layout.inputs[index] if layout else None
             shm_out = layout.outputs if layout else None
             if o.protocol == "grpc":
                 payloads.append(grpc_payload(info, tensors, request, shm_in, shm_out, o.streaming))
+                templates.append(payloads[-1])
             else:
-                payloads.append(http_payload(host, port, info, tensors, request, shm_in, shm_out))
-        return payloads
+                templates.append(http_template(host, port, info, tensors, request, shm_in, shm_out))
+                payloads.append(render_http(templates[-1]))
+        return payloads, templates, data
+
+    def _sequence_spec(self, info: ModelInfo, data: InputData) -> SequenceSpec | None:
+        """perf_analyzer's sequence options for a model with a sequence batcher (None for other models)."""
+        o = self.options
+        batcher = info.config.get("sequence_batching")
+        if batcher is None:
+            return None
+        user_data = o.input_data not in ("zero", "random", ["zero"], ["random"])
+        length = o.sequence_length or (0 if user_data else 20)
+        start, end = o.sequence_id_range
+        spec = SequenceSpec(data.streams, length, o.sequence_length_variation, start, end, o.num_of_sequences,
+                            o.serial_sequences, _string_correlation_ids(batcher))
+        live = o.num_of_sequences if o.mode == "rate" else int(max(o.levels()))
+        if live > spec.id_capacity():
+            raise PerfError(f"--sequence-id-range {start}:{end} holds {spec.id_capacity()} ids, fewer than the "
+                            f"{live} sequences that can be live at once: widen the range")
+        if end and o.process_count() > 1 and live > spec.id_capacity() // o.process_count():
+            raise PerfError(f"--sequence-id-range {start}:{end} is too small to share among "
+                            f"{o.process_count()} load processes: widen it or pass --processes 1")
+        return spec
 
     def _stats(self) -> StatsSnapshot | None:
         if not self.has_stats:
@@ -153,7 +181,12 @@ class Profiler:
             now = time.monotonic_ns()
             if now >= deadline:
                 return carry
-            time.sleep(min(POLL_S if not count_mode else 0.02, (deadline - now) / 1e9))
+            poll_s = POLL_S if not count_mode else 0.02
+            if self.metrics is not None:
+                poll_s = min(poll_s, self.metrics.interval_ns / 1e9)
+            time.sleep(min(poll_s, (deadline - now) / 1e9))
+            if self.metrics is not None:
+                self.metrics.poll()
             carry = np.concatenate([carry, self._flush()])
             in_window = int((carry[:, END] >= t0).sum())
             elapsed = max(time.monotonic() - started, 1e-6)
@@ -173,10 +206,12 @@ class Profiler:
         windows: list[WindowStats] = []
         carry = empty_records()
         t_prev, stats_prev = self._mark()
+        starts: list[int] = []
         stable = False
         trials = 1 if o.request_count > 0 else max(1, o.max_trials)
         try:
             for trial in range(1, trials + 1):
+                starts.append(t_prev)
                 carry = self._wait_window(t_prev, carry, label, trial)
                 t_end, stats_now = self._mark()
                 carry = np.concatenate([carry, self._flush()])
@@ -203,7 +238,11 @@ class Profiler:
         merged = merge_windows(windows[-3:] if o.request_count <= 0 else windows)
         if merged.count == 0:
             raise PerfError(f"no request completed at {label}: is the server answering?")
-        return LevelResult(o.mode, value, merged, windows, stable)
+        result = LevelResult(o.mode, value, merged, windows, stable)
+        if self.metrics is not None:
+            reported = starts[-3] if o.request_count <= 0 and len(starts) >= 3 else starts[0]
+            result.metrics = self.metrics.level(reported, t_end)
+        return result
 
     # ------------------------------------------------------------------ sweeps
     def _over_threshold(self, result: LevelResult) -> bool:
@@ -259,9 +298,11 @@ class Profiler:
         shm = SystemShmRegions(self.control) if o.shared_memory == "system" else None
         result = ProfileResult()
         try:
-            payloads = self._payloads(info, shm)
+            payloads, templates, data = self._payloads(info, shm)
+            sequence = self._sequence_spec(info, data)
             host, port = split_url(o.resolved_url(), 8001 if o.protocol == "grpc" else 8000)
-            spec = WorkerSpec(o.protocol, host, port, payloads, o.streaming, info.decoupled, o.max_connections, o.seed)
+            spec = WorkerSpec(o.protocol, host, port, payloads, o.streaming, info.decoupled, o.max_connections, o.seed,
+                              sequence=sequence, templates=templates if sequence else [])
             start_stats = self._stats()
             self.manager = LoadManager(spec, o.process_count())
             try:
@@ -297,3 +338,12 @@ def run_perf(options: PerfOptions, out: TextIO | None = None, err: TextIO | None
              stop_when: Callable[[list[LevelResult]], bool] | None = None) -> ProfileResult:
     """Profile as the options say; raises PerfError with a message for the user."""
     return Profiler(options, out, err, stop_when).run()
+
+
+def _string_correlation_ids(batcher: dict[str, Any]) -> bool:
+    """The model's CORRID control input takes strings: send string sequence ids."""
+    for control_input in batcher.get("control_input", []) or []:
+        for control in control_input.get("control", []) or []:
+            if control.get("kind") == "CONTROL_SEQUENCE_CORRID" and control.get("data_type") == "TYPE_STRING":
+                return True
+    return False

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from naiad.tools.perf.measurement import WindowStats
+from naiad.tools.perf.server_metrics import CSV_COLUMNS as METRICS_COLUMNS
+from naiad.tools.perf.server_metrics import ServerMetrics
 
 CSV_TAIL = ["Client Send", "Network+Server Send/Recv", "Server Queue", "Server Compute Input",
             "Server Compute Infer", "Server Compute Output", "Client Recv",
@@ -23,6 +25,7 @@ class LevelResult:
     measurement: WindowStats
     windows: list[WindowStats]
     stable: bool
+    metrics: ServerMetrics | None = None  # --collect-metrics
 
     @property
     def label(self) -> str:
@@ -77,6 +80,8 @@ def print_level(result: LevelResult, percentile: float, out: TextIO) -> None:
               f"queue {_us(server.queue_us)} usec + compute input {_us(server.compute_input_us)} usec + "
               f"compute infer {_us(server.compute_infer_us)} usec + compute output {_us(server.compute_output_us)} usec)",
               file=out)
+    if result.metrics is not None:
+        result.metrics.print(out)
     if not result.stable:
         print(f"  Warning: no stable measurement within {len(result.windows)} windows; "
               f"the last {min(3, len(result.windows))} are reported (try a longer --measurement-interval)", file=out)
@@ -95,7 +100,9 @@ def print_summary(results: list[LevelResult], percentile: float, out: TextIO) ->
 
 def csv_rows(results: list[LevelResult], verbose: bool) -> tuple[list[str], list[list[str]]]:
     first = "Concurrency" if not results or results[0].mode == "concurrency" else "Request Rate"
+    with_metrics = verbose and any(r.metrics is not None for r in results)
     header = [first, "Inferences/Second", *CSV_TAIL] + (VERBOSE_COLUMNS if verbose else [])
+    header += METRICS_COLUMNS if with_metrics else []
     rows = []
     for r in sorted(results, key=lambda r: r.measurement.throughput):
         m, b = r.measurement, r.breakdown_us()
@@ -109,6 +116,8 @@ def csv_rows(results: list[LevelResult], verbose: bool) -> tuple[list[str], list
                     str(server.request_count if server else ""), str(server.inference_count if server else ""),
                     str(server.execution_count if server else ""), str(_us(server.overhead_us) if server else ""),
                     str(m.delayed), "yes" if r.stable else "no"]
+        if with_metrics:
+            row += (r.metrics or ServerMetrics()).csv_cells()
         rows.append(row)
     return header, rows
 
@@ -132,6 +141,8 @@ def level_json(result: LevelResult, percentile: float) -> dict[str, object]:
         **{f"p{p}_latency_us": m.percentile_us(p) for p in (50, 90, 95, 99)},
         "client_send_us": m.avg_send_us(), "client_recv_us": m.avg_recv_us(), "delayed_requests": m.delayed,
     }
+    if result.metrics is not None:
+        doc["metrics"] = result.metrics.to_json()
     if server is not None:
         doc["server"] = {
             "request_count": server.request_count, "inference_count": server.inference_count,

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
 import numpy as np
 
 from naiad.tools.http_wire import HttpConnection
+from naiad.tools.perf.payloads import grpc_parameters, render_http
+from naiad.tools.perf.sequences import Sequence, SequencePlanner, SequenceSpec
 
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 GRPC_STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
@@ -39,6 +42,10 @@ class WorkerSpec:
     max_connections: int = 1024
     seed: int = 0
     request_timeout_s: float = 60.0
+    sequence: SequenceSpec | None = None  # a sequence model: requests carry ids and start/end flags
+    templates: list[Any] = field(default_factory=list)  # per payload: HttpTemplate (HTTP) or bytes (gRPC)
+    process_index: int = 0
+    process_count: int = 1
 
 
 class RequestFailed(Exception):
@@ -193,6 +200,10 @@ class Worker:
         self.commands: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
         self.payload_turn = itertools.count()
         self.slots: asyncio.Semaphore | None = None
+        self.planner = (SequencePlanner(spec.sequence, spec.process_index, spec.process_count, spec.seed)
+                        if spec.sequence else None)
+        self.live: list[Sequence] = []  # request-rate mode: the sequences requests go to, in turn
+        self.live_turn = itertools.count()
 
     def _on_readable(self) -> None:
         while self.conn.poll():
@@ -207,9 +218,10 @@ class Worker:
         self.records = []
         return rows
 
-    async def _one(self, lag_ns: int = 0) -> None:
-        payloads = self.spec.payloads
-        payload = payloads[next(self.payload_turn) % len(payloads)]
+    async def _one(self, lag_ns: int = 0, payload: bytes | None = None) -> None:
+        if payload is None:
+            payloads = self.spec.payloads
+            payload = payloads[next(self.payload_turn) % len(payloads)]
         try:
             result = await self.sender.send(payload)
         except Exception as exc:  # noqa: BLE001 - every failure is counted and reported to the coordinator
@@ -225,6 +237,57 @@ class Worker:
     async def _closed_loop(self) -> None:
         while not self.stopping:
             await self._one()
+
+    def _render(self, index: int, params: dict[str, object]) -> bytes:
+        template = self.spec.templates[index]
+        if self.spec.protocol == "http":
+            return render_http(template, params)
+        return template + grpc_parameters(params)
+
+    async def _sequence_loop(self) -> None:
+        """Closed loop over sequences: each slot plays one sequence at a time, one request after another."""
+        assert self.planner is not None
+        while not self.stopping:
+            sequence = self.planner.new()
+            while not sequence.done:
+                if self.stopping and sequence.sent == 0:
+                    break
+                index, params = sequence.end_now() if self.stopping else sequence.next_step()
+                await self._one(0, self._render(index, params))
+            self.planner.finished(sequence)
+
+    async def _sequence_request(self, lag_ns: int) -> None:
+        """Request-rate mode: the next step of the next live sequence (a finished one is replaced at once)."""
+        assert self.planner is not None
+        slot = next(self.live_turn) % len(self.live)
+        sequence = self.live[slot]
+        index, params = sequence.next_step()
+        if sequence.done:
+            self.live[slot] = self._new_live()
+        if sequence.lock is not None:
+            async with sequence.lock:
+                await self._one(lag_ns, self._render(index, params))
+        else:
+            await self._one(lag_ns, self._render(index, params))
+        if params["sequence_end"]:
+            self.planner.finished(sequence)
+
+    def _new_live(self) -> Sequence:
+        assert self.planner is not None and self.spec.sequence is not None
+        sequence = self.planner.new()
+        if self.spec.sequence.serial:
+            sequence.lock = asyncio.Lock()
+        return sequence
+
+    async def _end_live(self) -> None:
+        """Close the sequences a stopped request-rate level left open, so their ids are free again."""
+        assert self.planner is not None
+        open_ones = [s for s in self.live if 0 < s.sent < len(s.steps)]
+        self.live = []
+        for sequence in open_ones:
+            index, params = sequence.end_now()
+            await self._one(0, self._render(index, params))
+            self.planner.finished(sequence)
 
     def _intervals(self, level: dict[str, Any]) -> Any:
         rng = np.random.default_rng(self.spec.seed)
@@ -249,7 +312,8 @@ class Worker:
                 break
             await slots.acquire()
             lag = max(0, time.monotonic_ns() - next_ns)
-            task = asyncio.get_running_loop().create_task(self._one(lag))
+            one = self._sequence_request(lag) if self.planner is not None else self._one(lag)
+            task = asyncio.get_running_loop().create_task(one)
             self.tasks.add(task)
             task.add_done_callback(lambda t: (self.tasks.discard(t), slots.release()))
             next_ns += next(intervals)
@@ -261,9 +325,14 @@ class Worker:
             count = int(level["concurrency"])
             if isinstance(self.sender, GrpcSender):
                 self.sender.grow(count)
-            new = [loop.create_task(self._closed_loop()) for _ in range(count)]
+            loop_body = self._sequence_loop if self.planner is not None else self._closed_loop
+            new = [loop.create_task(loop_body()) for _ in range(count)]
         else:
             slots = asyncio.Semaphore(self.spec.max_connections)
+            if self.planner is not None and self.spec.sequence is not None:
+                total, index, processes = self.spec.sequence.num_sequences, self.spec.process_index, self.spec.process_count
+                share = max(1, total // processes + (1 if index < total % processes else 0))
+                self.live = [self._new_live() for _ in range(share)]
             new = [loop.create_task(self._scheduled(level, slots))]
         for task in new:
             self.tasks.add(task)
@@ -278,6 +347,8 @@ class Worker:
             if pending:
                 await asyncio.wait(pending, timeout=1.0)
         self.tasks.clear()
+        if self.live:
+            await self._end_live()
 
     def _reply(self, kind: str) -> None:
         self.conn.send((kind, self._take(), self.errors, self.first_error))
@@ -308,6 +379,8 @@ class Worker:
 
 def worker_main(conn: Connection, spec: WorkerSpec) -> None:
     """Process entry point (spawned): uvloop for HTTP when installed, the stock loop for grpc.aio."""
+    # Ctrl-C reaches the whole process group: the coordinator alone handles it and stops this process
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     runner: Any = asyncio.run
     if spec.protocol == "http":
         try:
