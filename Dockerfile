@@ -7,10 +7,9 @@
 #   docker run --rm naiad:cpu --model-repository=/models --log-verbose=1               # any `naiad serve` flag
 #   docker build --build-arg NAIAD_EXTRAS=s3 -t naiad:cpu .                             # + s3:// repositories
 #
-# Size (ESTIMATE, not measured here: no container engine on the build machine): ~500-600 MB
-# uncompressed (python:3.11-slim ~130 MB + onnxruntime ~60 MB + numpy ~60 MB + grpcio ~30 MB
-# + tritonclient/protobuf/uvicorn/... ~150 MB), ~200 MB compressed. Compare tritonserver's
-# CPU-capable images at 10+ GB.
+# Size (measured 2026-11-22 on a Debian bookworm + Python 3.11 stand-in base of 156 MB, see
+# docs/deploy.md): 380 MB uncompressed (the /opt/naiad venv is 223 MB), 144 MB compressed.
+# Compare tritonserver's CPU-capable images at 10+ GB.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 # Optional extras of the naiad package, comma-separated: s3, gcs, azure or cloud (object-storage repositories).
@@ -49,9 +48,10 @@ USER 10001:10001
 WORKDIR /home/naiad
 # 8000 HTTP/REST, 8001 gRPC, 8002 metrics, 8080 SageMaker / Vertex AI (when enabled)
 EXPOSE 8000 8001 8002 8080
-# Readiness of the default HTTP port, with the interpreter the image already has (no curl needed).
+# Readiness of the HTTP port (8000, or NAIAD_HEALTH_PORT when --http-port moves it), with the
+# interpreter the image already has (no curl needed).
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=4).status == 200 else 1)"]
+    CMD ["python", "-c", "import os, sys, urllib.request; port = os.environ.get('NAIAD_HEALTH_PORT', '8000'); sys.exit(0 if urllib.request.urlopen(f'http://127.0.0.1:{port}/v2/health/ready', timeout=4).status == 200 else 1)"]
 # SIGTERM stops readiness, drains in-flight requests (--exit-timeout-secs), then exits 0.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["naiad", "serve"]
