@@ -52,11 +52,17 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     _bool_flag(parser, "--allow-grpc", d.allow_grpc, "serve gRPC")
     parser.add_argument("--grpc-address", default=d.grpc_address)
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="0 picks a free port")
+    parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=d.grpc_server_impl,
+                        help="gRPC server implementation: Naiad's own HTTP/2 server (default) or grpcio's grpc.aio")
     _bool_flag(parser, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
-    parser.add_argument("--metrics-address", default=d.metrics_address)
+    parser.add_argument("--metrics-address", default=None,
+                        help="default: --http-address (0.0.0.0 when HTTP is off), as Triton")
     parser.add_argument("--metrics-port", type=int, default=d.metrics_port, help="0 picks a free port")
     parser.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
-                        help="counter_latencies=true|false, histogram_latencies=true|false")
+                        help="counter_latencies=, histogram_latencies=, summary_latencies=true|false; "
+                             "summary_quantiles=<q>:<error>,...")
+    parser.add_argument("--metrics-interval-ms", type=_interval_ms, default=d.metrics_interval_ms,
+                        help="how often CPU, memory and GPU gauges are sampled (default 2000)")
     _bool_flag(parser, "--allow-cpu-metrics", d.allow_cpu_metrics, "export nv_cpu_* metrics")
     _bool_flag(parser, "--allow-gpu-metrics", d.allow_gpu_metrics, "export nv_gpu_* metrics when a GPU is present")
     parser.add_argument("--model-control-mode", choices=["none", "poll", "explicit"], default=d.model_control_mode)
@@ -86,8 +92,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rate-limit-resource", action="append", default=[], metavar="NAME:COUNT[:DEVICE]",
                         help="copies of a rate limiter resource (device omitted = every device; repeatable)")
     _bool_flag(parser, "--allow-client-shm", d.allow_client_shm, "allow client shared-memory regions")
-    parser.add_argument("--trace-config", action="append", default=[], metavar="[triton,]KEY=VALUE",
-                        help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton, triton,file=PATH, triton,log-frequency=N")
+    parser.add_argument("--trace-config", action="append", default=[], metavar="[MODE,]KEY=VALUE",
+                        help="rate=N, level=OFF|TIMESTAMPS|TENSORS, count=N, mode=triton|opentelemetry, triton,file=PATH, "
+                             "triton,log-frequency=N, opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, "
+                             "opentelemetry,bsp_max_queue_size=N|bsp_schedule_delay=MS|bsp_max_export_batch_size=N")
     for old in ("file", "level", "rate", "count", "log-frequency"):
         parser.add_argument(f"--trace-{old}", action="append", default=[], help=argparse.SUPPRESS)
     parser.add_argument("--exit-timeout-secs", type=float, default=d.exit_timeout_secs)
@@ -133,6 +141,16 @@ def _rate_limit_resources(entries: list[str]) -> list[str]:
     return list(entries)
 
 
+def _interval_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expects a number of milliseconds, got '{text}'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got '{text}'")
+    return value
+
+
 def _metrics_config(entries: list[str]) -> dict[str, str]:
     from naiad.observability.metrics import parse_metrics_config
 
@@ -151,10 +169,24 @@ def _trace_entries(args: argparse.Namespace) -> list[str]:
                       ("trace_count", "count"), ("trace_log_frequency", "triton,log-frequency")):
         entries += [f"{key}={value}" for value in getattr(args, flag)]
     try:
-        parse_trace_config(entries)
+        config = parse_trace_config(entries)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    if config.mode == "opentelemetry":
+        from naiad.observability.otel import OtelUnavailable, require_sdk
+
+        try:
+            require_sdk()
+        except OtelUnavailable as exc:
+            raise SystemExit(str(exc)) from None
     return entries
+
+
+def _metrics_address(args: argparse.Namespace) -> str:
+    """--metrics-address, else --http-address (0.0.0.0 when HTTP is off), as Triton."""
+    if args.metrics_address is not None:
+        return args.metrics_address
+    return args.http_address if args.allow_http else ServerConfig().metrics_address
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
@@ -174,12 +206,14 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
+        grpc_server_impl=args.grpc_server_impl,
         allow_metrics=args.allow_metrics,
-        metrics_address=args.metrics_address,
+        metrics_address=_metrics_address(args),
         metrics_port=args.metrics_port,
         metrics_config=_metrics_config(args.metrics_config),
         allow_cpu_metrics=args.allow_cpu_metrics,
         allow_gpu_metrics=args.allow_gpu_metrics,
+        metrics_interval_ms=args.metrics_interval_ms,
         model_control_mode=args.model_control_mode,
         load_models=list(args.load_model),
         strict_model_config=args.strict_model_config or args.disable_auto_complete_config,

@@ -37,6 +37,7 @@ class ServerConfig:
     grpc_header_forward_pattern: str = ""
     grpc_max_concurrent_streams: int = 0  # per connection (HTTP/2 SETTINGS); 0 = gRPC's default
     grpc_max_concurrent_rpcs: int = 0  # whole server; past it calls fail RESOURCE_EXHAUSTED; 0 = no limit
+    grpc_server_impl: str = "naiad"  # "naiad" (own HTTP/2 server) or "grpcio" (grpc.aio)
     # cloud frontends (they listen on http_address)
     allow_sagemaker: bool = False
     sagemaker_port: int = 8080
@@ -54,6 +55,7 @@ class ServerConfig:
     metrics_config: dict[str, str] = field(default_factory=dict)
     allow_cpu_metrics: bool = True
     allow_gpu_metrics: bool = True
+    metrics_interval_ms: float = 2000.0  # --metrics-interval-ms: CPU/memory/GPU gauges sampled this often
     # model management
     model_control_mode: str = "none"
     load_models: list[str] = field(default_factory=list)

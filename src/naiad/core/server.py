@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,11 @@ from naiad.backends.registry import BackendRegistry
 from naiad.config.model_config import config_to_dict
 from naiad.config.server_config import ServerConfig
 from naiad.core.model_lifecycle import ModelLifecycle
+from naiad.core.model_version import ModelVersion
 from naiad.core.request_validation import validate_request
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
-from naiad.core.server_observability import failure_reason, metrics_settings, record_trace, residency_families
+from naiad.core.server_observability import failure_reason, metrics_settings, residency_families, start_trace
 from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.log_settings import LogSettings
 from naiad.observability.tracing import Tracer, parse_trace_config
@@ -30,6 +32,7 @@ from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
+from naiad.scheduling.base import WorkItem
 from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.server")
@@ -48,6 +51,15 @@ EXTENSIONS = [
     "trace",
     "logging",
 ]
+
+
+def _stream_refused(item, task: asyncio.Task) -> None:
+    """A scheduler that refuses a request raises from enqueue: a streaming caller reads that error from its stream."""
+    if task.cancelled() or item.future.done():
+        return
+    exc = task.exception()
+    if exc is not None:
+        item.fail(exc if isinstance(exc, NaiadError) else internal(str(exc) or type(exc).__name__))
 
 
 class Server:
@@ -76,7 +88,9 @@ class Server:
             log_format=config.log_format,
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
-        self.metrics = MetricsCollector(self._model_series, metrics_settings(config))
+        settings = metrics_settings(config)
+        self.summary_quantiles = settings.summary_quantiles or None  # read by each ModelVersion's statistics
+        self.metrics = MetricsCollector(self._model_series, settings)
         self.custom_metrics = CustomMetrics()  # families created by model code (pb_utils.MetricFamily)
         self.metrics.extra_families.append(lambda: residency_families(self.models.residency))
         self.metrics.extra_families.append(self.custom_metrics.families)
@@ -86,6 +100,7 @@ class Server:
         self._idle = asyncio.Event()
         self._thread: threading.Thread | None = None
         self._poller: asyncio.Task | None = None
+        self._metrics_sampler: asyncio.Task | None = None  # refreshes the per-interval gauges
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle (async)
@@ -113,6 +128,8 @@ class Server:
         for failure in failures:
             log.error("%s", failure.rstrip())
         self._live = True
+        if self.config.allow_metrics:
+            self._metrics_sampler = asyncio.get_running_loop().create_task(self.metrics.sample_system())
         self.models.residency.start()
         if mode == "poll":
             if self.config.repository_poll_secs <= 0:
@@ -138,6 +155,10 @@ class Server:
         self.begin_shutdown()
         if self._poller is not None:
             self._poller.cancel()
+        if self._metrics_sampler is not None:
+            self._metrics_sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._metrics_sampler
         timeout = self.config.exit_timeout_secs if timeout is None else timeout
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
@@ -214,6 +235,18 @@ class Server:
         item = validate_request(model, request)
         item.request = request
         start = time.perf_counter_ns()
+        if self.tracer.active:
+            trace = start_trace(self.tracer, model, request, start)
+            if trace is not None:
+                response = None
+                try:
+                    response = await self._run_request(model, request, item, start)
+                    return response
+                finally:
+                    trace.finish(request, item, start, time.perf_counter_ns(), response)
+        return await self._run_request(model, request, item, start)
+
+    async def _run_request(self, model: ModelVersion, request: InferenceRequest, item: WorkItem, start: int) -> InferenceResponse:
         key = None
         if self.response_cache is not None and model.config.response_cache.enable:
             key = cache_key(model.name, model.version_str, request.inputs)
@@ -250,8 +283,6 @@ class Server:
         elapsed = time.perf_counter_ns() - start
         model.stats.record_first_response(elapsed)
         model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
-        if self.tracer.global_config.enabled or self.tracer.has_overrides:
-            record_trace(self.tracer, model, request, item, response, start, start + elapsed)
         return response
 
     async def infer_stream(
@@ -271,6 +302,7 @@ class Server:
         start = time.perf_counter_ns()
         self._begin_request(model.name)
         enqueued = asyncio.get_running_loop().create_task(model.scheduler.enqueue(item))
+        enqueued.add_done_callback(partial(_stream_refused, item))
         success = False
         reason = "BACKEND"
         first = True
@@ -318,17 +350,23 @@ class Server:
                 raise
             if request.model_name not in self.models.scan()[0]:
                 raise
-        load = self.models.load(request.model_name)
+        # The load is a task of its own: a request that times out (or is cancelled) stops waiting
+        # for it, but must not cancel a load other requests and the repository index depend on.
+        # The hold keeps eviction off the model until this request runs on it (no await between).
+        residency = self.models.residency
+        residency.hold(request.model_name)
         try:
-            if request.timeout_us:
-                await asyncio.wait_for(load, request.timeout_us / 1e6)
-            else:
-                await load
-        except asyncio.TimeoutError:
-            raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
-        except NaiadError as exc:
-            raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
-        return self.models.lookup(request.model_name, request.model_version)
+            load = asyncio.ensure_future(self.models.load(request.model_name))
+            load.add_done_callback(lambda task: task.cancelled() or task.exception())
+            try:
+                await asyncio.wait_for(asyncio.shield(load), request.timeout_us / 1e6 if request.timeout_us else None)
+            except asyncio.TimeoutError:
+                raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
+            except NaiadError as exc:
+                raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
+            return self.models.lookup(request.model_name, request.model_version)
+        finally:
+            residency.release(request.model_name)
 
     def _begin_request(self, model_name: str) -> None:
         self._inflight += 1
