@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import inspect
-import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -20,13 +19,12 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
-from naiad.backends.transformers_backend.contract import Emitter, SequenceOutput, auto_complete, parse_request
+from naiad.backends.transformers_backend.contract import Emitter, SequenceOutput, auto_complete, load_model_json, parse_request
 from naiad.config.model_config import ConfigError
 from naiad.protocol.errors import NaiadError, invalid_arg
 
 log = logging.getLogger("naiad.backends.vllm")
 
-MODEL_JSON = "model.json"
 CANCEL_POLL_SECS = 0.02  # how often running requests are checked for a client that went away
 NOT_INSTALLED = (
     "the vllm backend needs the 'vllm' package, which is not installed in this environment ({error}). "
@@ -138,15 +136,7 @@ def _finish_reason(reason: Any) -> str:
 
 def read_settings(version_dir: Path) -> dict[str, Any]:
     """model.json as AsyncEngineArgs keywords; a relative "model" that exists beside it becomes absolute."""
-    path = version_dir / MODEL_JSON
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"unable to find '{path}': the vllm backend reads the engine arguments from it") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
-        raise ConfigError(f"{path}: expected a JSON object with a \"model\" string")
+    _, settings = load_model_json(version_dir, "vllm backend reads the engine arguments from it")
     for key in ("model", "tokenizer"):
         value = settings.get(key)
         if isinstance(value, str) and not Path(value).is_absolute() and (version_dir / value).exists():

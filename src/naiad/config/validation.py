@@ -55,7 +55,6 @@ def validate_config(config: mc.ModelConfig, source: str, text: str = "") -> None
     report = _Reporter(source, text)
     if config.max_batch_size < 0:
         report.fail("max_batch_size", f"must be >= 0, got {config.max_batch_size}", "max_batch_size")
-    is_ensemble = config.platform == "ensemble"
     for field, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for tensor in tensors:

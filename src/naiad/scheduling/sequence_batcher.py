@@ -19,7 +19,7 @@ from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg, unavailable
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool
-from naiad.scheduling.base import Instance, WorkItem, execute_batch
+from naiad.scheduling.base import WorkItem, execute_batch
 
 _Kind = mc.ModelSequenceBatching.Control
 

@@ -4,7 +4,6 @@ served by the in-process continuous-batching engine."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
-from naiad.backends.transformers_backend.contract import Emitter, auto_complete, parse_request
+from naiad.backends.transformers_backend.contract import Emitter, auto_complete, load_model_json, parse_request
 from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence
 from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
 from naiad.backends.transformers_backend.stats import families
@@ -21,7 +20,6 @@ from naiad.protocol.errors import NaiadError, invalid_arg
 
 log = logging.getLogger("naiad.backends.transformers")
 
-MODEL_JSON = "model.json"
 DEFAULT_KV_CACHE_BYTES = 512 << 20
 DEFAULT_MAX_NUM_SEQS = 64
 
@@ -71,15 +69,8 @@ class TransformersBackend:
 
 
 def read_model_json(version_dir: Path) -> dict[str, Any]:
-    path = version_dir / MODEL_JSON
-    try:
-        settings = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"unable to find '{path}': the transformers backend reads the model directory from it") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
-    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
-        raise ConfigError(f"{path}: expected a JSON object with a \"model\" string (a local Hugging Face model directory)")
+    path, settings = load_model_json(version_dir, "transformers backend reads the model directory from it",
+                                     " (a local Hugging Face model directory)")
     unknown = set(settings) - _OWN - _VLLM_ONLY
     if unknown:
         log.warning("%s: ignoring settings the transformers backend does not use: %s", path, ", ".join(sorted(unknown)))

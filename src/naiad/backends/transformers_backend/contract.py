@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, ResponseCallback
+from naiad.config.model_config import ConfigError
 from naiad.protocol.errors import internal, invalid_arg, unavailable
 
 # name, data type, dims, optional
@@ -34,6 +36,25 @@ OUTPUTS = [
     ("num_input_tokens", mc.TYPE_UINT32, [1]),
     ("num_output_tokens", mc.TYPE_UINT32, [-1]),
 ]
+
+MODEL_JSON = "model.json"
+
+
+def load_model_json(version_dir: Path, purpose: str, model_hint: str = "") -> tuple[Path, dict[str, Any]]:
+    """`<version>/model.json` as a dict with a "model" string (both LLM backends' contract).
+
+    `purpose` ends the missing-file message ("reads the model directory from it"); `model_hint`
+    says what "model" should name."""
+    path = version_dir / MODEL_JSON
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"unable to find '{path}': the {purpose}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: invalid JSON: {exc}") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("model"), str):
+        raise ConfigError(f"{path}: expected a JSON object with a \"model\" string{model_hint}")
+    return path, settings
 
 
 @dataclass

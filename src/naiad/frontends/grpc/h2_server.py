@@ -178,16 +178,23 @@ class H2GrpcServer:
         await asyncio.sleep(0)
 
 
-def ssl_context(config: Any, read: Any) -> ssl.SSLContext | None:
-    """The TLS context of --grpc-use-ssl[-mutual] (ALPN h2), or None for a plaintext port.
-
-    `read(path, flag)` reads a PEM file, raising OSError that names the flag."""
+def tls_requested(config: Any) -> bool:
+    """Whether --grpc-use-ssl[-mutual] is on, after checking the PEM flags it needs (both servers)."""
     if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
-        return None
+        return False
     if not config.grpc_server_cert or not config.grpc_server_key:
         raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
     if config.grpc_use_ssl_mutual and not config.grpc_root_cert:
         raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs client certificates)")
+    return True
+
+
+def ssl_context(config: Any, read: Any) -> ssl.SSLContext | None:
+    """The TLS context of --grpc-use-ssl[-mutual] (ALPN h2), or None for a plaintext port.
+
+    `read(path, flag)` reads a PEM file, raising OSError that names the flag."""
+    if not tls_requested(config):
+        return None
     read(config.grpc_server_cert, "--grpc-server-cert")
     read(config.grpc_server_key, "--grpc-server-key")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -14,7 +14,7 @@ import grpc
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from naiad.frontends.grpc.guard import Guard, GuardInterceptor
-from naiad.frontends.grpc.h2_server import H2GrpcServer, ssl_context
+from naiad.frontends.grpc.h2_server import H2GrpcServer, ssl_context, tls_requested
 from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
@@ -49,12 +49,8 @@ def _read(path: str, flag: str) -> bytes:
 
 def server_credentials(config: Any) -> grpc.ServerCredentials | None:
     """TLS credentials from --grpc-use-ssl[-mutual] and the PEM files, or None for a plaintext port."""
-    if not (config.grpc_use_ssl or config.grpc_use_ssl_mutual):
+    if not tls_requested(config):
         return None
-    if not config.grpc_server_cert or not config.grpc_server_key:
-        raise ValueError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
-    if config.grpc_use_ssl_mutual and not config.grpc_root_cert:
-        raise ValueError("--grpc-use-ssl-mutual needs --grpc-root-cert (the CA that signs client certificates)")
     pair = (_read(config.grpc_server_key, "--grpc-server-key"), _read(config.grpc_server_cert, "--grpc-server-cert"))
     root = _read(config.grpc_root_cert, "--grpc-root-cert") if config.grpc_root_cert else None
     return grpc.ssl_server_credentials([pair], root_certificates=root, require_client_auth=bool(config.grpc_use_ssl_mutual))

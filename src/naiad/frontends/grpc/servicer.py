@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-import grpc
 import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
