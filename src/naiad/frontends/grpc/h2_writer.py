@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+from typing import Any, Callable
 
 import grpc
 
@@ -31,12 +31,9 @@ class FrameWriter:
     _send_window: int
     _peer_max_frame: int
     _blocked: dict[int, Stream]
-
-    def _release(self, stream: Stream, cancelled: bool) -> None:
-        raise NotImplementedError
-
-    def _forget_if_done(self, stream: Stream) -> None:
-        raise NotImplementedError
+    # Defined by the connection this is mixed into (H2Connection): end a call's bookkeeping.
+    _release: Callable[[Stream, bool], None]
+    _forget_if_done: Callable[[Stream], None]
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
