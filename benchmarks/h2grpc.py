@@ -21,59 +21,29 @@ import time
 from collections import deque
 from typing import Callable
 
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
-MAX_WINDOW = 2**31 - 1
-DEFAULT_WINDOW = 65535
+# Frame and HPACK-literal encoding are the server's own (naiad.frontends.grpc.h2_wire).
+from naiad.frontends.grpc.h2_wire import (  # noqa: E402
+    ACK, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED, PING,
+    PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, literal,
+)
+
 SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE = 0x2, 0x4
 
 
-def frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    return struct.pack(">I", len(payload))[1:] + bytes((ftype, flags)) + struct.pack(">I", stream) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _hpack_str(text: str) -> bytes:
-    raw = text.encode()
-    return _hpack_int(len(raw), 7, 0x00) + raw
-
-
-def _literal(name_index: int, value: str) -> bytes:
-    """Literal header field without indexing, name from the static table (RFC 7541 6.2.2)."""
-    return _hpack_int(name_index, 4, 0x00) + _hpack_str(value)
-
-
-def _literal_new(name: str, value: str) -> bytes:
-    return b"\x00" + _hpack_str(name) + _hpack_str(value)
-
-
 def request_header_block(authority: str, path: str) -> bytes:
-    # static table: 2 = ":method: GET"... 3 = ":method: POST", 6 = ":scheme: http",
-    # 1 = ":authority", 4 = ":path", 31 = "content-type"
-    return (b"\x83\x86" + _literal(4, path) + _literal(1, authority) + _literal(31, "application/grpc")
-            + _literal_new("te", "trailers"))
+    # static table: 3 = ":method: POST", 6 = ":scheme: http", 4 = ":path", 1 = ":authority",
+    # 31 = "content-type"
+    return (b"\x83\x86" + literal(b":path", path.encode(), 4) + literal(b":authority", authority.encode(), 1)
+            + literal(b"content-type", b"application/grpc", 31) + literal(b"te", b"trailers"))
 
 
 def response_header_block() -> bytes:
     # 8 = ":status: 200"
-    return b"\x88" + _literal(31, "application/grpc")
+    return b"\x88" + literal(b"content-type", b"application/grpc", 31)
 
 
 def trailer_block() -> bytes:
-    return _literal_new("grpc-status", "0")
+    return literal(b"grpc-status", b"0")
 
 
 def grpc_message(payload: bytes) -> bytes:

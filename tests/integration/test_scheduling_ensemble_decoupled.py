@@ -17,37 +17,10 @@ import tritonclient.http as httpclient
 from onnx import helper, numpy_helper
 
 from tests.support.onnx_models import _save, _tensor
+from tests.support.python_models import COUNTER_CONFIG, COUNTER_PY
 from tests.support.servers import RunningServer, client_error, start_server
 
 WAIT = 30.0
-
-COUNTER_CONFIG = """\
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-COUNTER_PY = """\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            sender = request.get_response_sender()
-            if count < 0:
-                error = pb_utils.TritonError(f"count must not be negative, got {count}")
-                sender.send(pb_utils.InferenceResponse(error=error), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-                continue
-            for i in range(count):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("VALUE", np.array([i], dtype=np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
 
 PLUS_CONFIG = """\
 backend: "onnxruntime"

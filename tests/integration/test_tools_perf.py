@@ -11,6 +11,7 @@ import pytest
 from naiad.tools.perf import PerfError, PerfOptions, run_perf
 from naiad.tools.v2client import HttpControl
 from tests.support.onnx_models import add_sub_model
+from tests.support.python_models import write_counter_model
 from tests.support.servers import start_server
 
 HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,Server Compute Input,"
@@ -118,36 +119,9 @@ def test_binary_search_count_windows_warmup_and_percentile(server):
     assert result.client_completed == result.server_delta.success_count
 
 
-COUNTER_CONFIG = """\
-backend: "python"
-max_batch_size: 0
-model_transaction_policy { decoupled: true }
-input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "VALUE" data_type: TYPE_INT32 dims: [ 1 ] } ]
-"""
-
-COUNTER_PY = """\
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        for request in requests:
-            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy()[0])
-            sender = request.get_response_sender()
-            for i in range(count):
-                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("VALUE", np.array([i], dtype=np.int32))]))
-            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        return None
-"""
-
-
 def test_decoupled_model_over_grpc_streaming(tmp_path):
     pytest.importorskip("naiad.backends.python")
-    (tmp_path / "repo" / "counter" / "1").mkdir(parents=True)
-    (tmp_path / "repo" / "counter" / "config.pbtxt").write_text(COUNTER_CONFIG)
-    (tmp_path / "repo" / "counter" / "1" / "model.py").write_text(COUNTER_PY)
+    write_counter_model(tmp_path / "repo")
     data = tmp_path / "data.json"
     data.write_text(json.dumps({"data": [{"COUNT": [3]}]}))
     with start_server(tmp_path / "repo") as running:
