@@ -18,8 +18,11 @@ _CORPUS = [
 ]
 
 
-def build_tiny_llm(directory: Path, *, vocab_size: int = 320, layers: int = 2, seed: int = 0, positions: int = 2048) -> Path:
-    """Save tokenizer + model into `directory` (save_pretrained); returns it."""
+def build_tiny_llm(directory: Path, *, vocab_size: int = 320, layers: int = 2, seed: int = 0, positions: int = 2048,
+                   hidden: int = 32, heads: int = 2) -> Path:
+    """Save tokenizer + model into `directory` (save_pretrained); returns it.
+
+    vLLM's CPU attention needs a head size (hidden // heads) of at least 32."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
@@ -37,7 +40,7 @@ def build_tiny_llm(directory: Path, *, vocab_size: int = 320, layers: int = 2, s
     tokenizer.save_pretrained(directory)
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=bpe.get_vocab_size(), n_positions=positions, n_embd=32, n_layer=layers, n_head=2,
+    config = GPT2Config(vocab_size=bpe.get_vocab_size(), n_positions=positions, n_embd=hidden, n_layer=layers, n_head=heads,
                         bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     model = GPT2LMHeadModel(config).eval()
     model.generation_config.eos_token_id = eos

