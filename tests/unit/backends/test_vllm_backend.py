@@ -219,3 +219,103 @@ def test_a_backend_directory_vllm_model_py_takes_precedence(tmp_path):
     shared = registry.get("vllm", str(tmp_path))
     assert not isinstance(shared, VllmBackend)
     assert shared.shared_model_file == (tmp_path / "vllm" / "model.py").resolve()
+
+
+class ClientError(Exception):
+    """Stands in for vLLM's VLLMClientError (not a ValueError)."""
+
+
+class RefusingEngine(FakeEngine):
+    async def generate(self, prompt, params, request_id):
+        self.calls.append((prompt, params, request_id))
+        raise ClientError("prompt longer than max_model_len")
+        yield  # an async generator, as vLLM's is
+
+
+class RenderingEngine(FakeEngine):
+    """Has vLLM 0.32's renderer: prompts reach generate() already rendered."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__(texts)
+        self.renderer = SimpleNamespace(render_cmpl_async=self._render)
+
+    async def _render(self, prompts):
+        return [{"type": "token", "prompt_token_ids": [7, 8], "prompt": p["prompt"]} for p in prompts]
+
+
+def test_engine_client_errors_answer_invalid_arg_and_sampling_validation_too():
+    def make(**kwargs):
+        raise ClientError("temperature must be non-negative")
+
+    async def run(engine, make_params):
+        adapter = VllmAdapter(engine, make_params, client_errors=(TypeError, ValueError, ClientError))
+        return await _collect(VllmInstance("m_0", adapter, "m"), _request())
+
+    responses = asyncio.run(run(RefusingEngine(["x"]), _sampling_params))
+    assert responses[0].error.code is ErrorCode.INVALID_ARG and "max_model_len" in responses[0].error.message
+    assert responses[0].counts_as_failure is False
+    responses = asyncio.run(run(FakeEngine(["x"]), make))
+    assert responses[0].error.code is ErrorCode.INVALID_ARG and "non-negative" in responses[0].error.message
+
+
+def test_prompts_are_rendered_by_the_engine_renderer_when_it_has_one():
+    async def run():
+        engine = RenderingEngine(["ok"])
+        await _collect(VllmInstance("m_0", VllmAdapter(engine, _sampling_params), "m"), _request("hi"))
+        return engine.calls[0][0]
+
+    assert asyncio.run(run()) == {"type": "token", "prompt_token_ids": [7, 8], "prompt": "hi"}
+
+
+def test_an_error_finish_reason_fails_the_request():
+    class FailingEngine(FakeEngine):
+        async def generate(self, prompt, params, request_id):
+            choice = SimpleNamespace(text="par", token_ids=[1], finish_reason="error")
+            yield SimpleNamespace(outputs=[choice], finished=True, prompt_token_ids=[1])
+
+    async def run():
+        return await _collect(VllmInstance("m_0", VllmAdapter(FailingEngine([]), _sampling_params), "m"), _request())
+
+    responses = asyncio.run(run())
+    assert responses[-1].final and responses[-1].error.code is ErrorCode.INTERNAL
+
+
+def test_vllm_stats_become_triton_vllm_metric_families():
+    from naiad.backends.vllm_metrics import VllmStats, families, token_buckets
+
+    assert token_buckets(300) == (1, 2, 5, 10, 20, 50, 100, 200)
+    stats = VllmStats(max_model_len=100)
+    finished = SimpleNamespace(finish_reason="length", e2e_latency=0.5, num_prompt_tokens=3, num_generation_tokens=8)
+    iteration = SimpleNamespace(num_prompt_tokens=3, num_generation_tokens=8, num_preempted_reqs=0,
+                                time_to_first_tokens_iter=[0.02], inter_token_latencies_iter=[0.01] * 7,
+                                n_params_iter=[1], finished_requests=[finished])
+    stats.record(SimpleNamespace(num_running_reqs=2, num_waiting_reqs=1, kv_cache_usage=0.25), iteration)
+    stats.record(SimpleNamespace(num_running_reqs=0, num_waiting_reqs=0, kv_cache_usage=0.0), None)
+    by_name = {f.name: f for f in families({"model": "m", "version": "1"}, stats)}
+    labels = {"model": "m", "version": "1"}
+
+    def value(name, suffix="", **extra):
+        return next(v for s, l, v in by_name[name].samples if s == suffix and l == {**labels, **extra})
+
+    assert value("vllm:prompt_tokens_total") == 3 and value("vllm:generation_tokens_total") == 8
+    assert value("vllm:request_success_total", finished_reason="length") == 1
+    assert value("vllm:num_requests_running") == 0 and value("vllm:kv_cache_usage_perc") == 0.0
+    assert value("vllm:time_per_output_token_seconds", "_count") == 7
+    assert value("vllm:request_generation_tokens", "_bucket", le="10") == 1
+    assert value("vllm:request_generation_tokens", "_bucket", le="5") == 0
+    assert value("vllm:e2e_request_latency_seconds", "_sum") == 0.5
+
+
+def test_instance_publishes_vllm_metrics_while_loaded():
+    from naiad.backends.vllm_metrics import VllmStats
+
+    async def run():
+        metrics = SimpleNamespace(extra_families=[])
+        adapter = VllmAdapter(FakeEngine(["x"]), _sampling_params, stats=VllmStats())
+        instance = VllmInstance("m_0", adapter, "m", labels={"model": "m", "version": "3"}, metrics=metrics)
+        names = [f.name for provider in metrics.extra_families for f in provider()]
+        await instance.aclose()
+        return names, metrics.extra_families
+
+    names, left = asyncio.run(run())
+    assert "vllm:num_requests_running" in names and left == []
