@@ -5,16 +5,17 @@
 #        background it yourself:  start_triton.sh repo 18000 18001 18002 >log 2>&1 &
 # One-time setup (done by this script if missing):
 #   python3 -m venv /work/triton-venv
-#   /work/triton-venv/bin/pip install nvidia-pytriton==0.7.0 'tritonclient[http,grpc]' numpy
+#   /work/triton-venv/bin/pip install nvidia-pytriton==0.7.0 'tritonclient[http,grpc]' numpy onnxruntime==1.31.1
+# (onnxruntime: the benchmarks' Triton model.py files run the same ONNX files as Naiad.)
 set -euo pipefail
 if [ $# -lt 4 ]; then
   echo "usage: $0 REPO_DIR HTTP_PORT GRPC_PORT METRICS_PORT [extra flags...]" >&2; exit 2
 fi
 REPO=$1; HTTP=$2; GRPC=$3; METRICS=$4; shift 4
 VENV=${TRITON_VENV:-/work/triton-venv}
-if [ ! -x "$VENV/bin/python" ]; then
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q nvidia-pytriton==0.7.0 'tritonclient[http,grpc]' numpy
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import onnxruntime, pytriton' 2>/dev/null; then
+  [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q nvidia-pytriton==0.7.0 'tritonclient[http,grpc]' numpy onnxruntime==1.31.1
 fi
 SP=$("$VENV/bin/python" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 TS="$SP/pytriton/tritonserver"

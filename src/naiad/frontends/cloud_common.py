@@ -10,7 +10,7 @@ from naiad.frontends.http.body import Receive, RequestHeaders, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import parse_header_length
 from naiad.frontends.http.infer_handler import infer_payload
-from naiad.frontends.http.protocol import DEFAULT_MAX_HEADER_BYTES, GuardedHttpToolsProtocol
+from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
 from naiad.frontends.http.responses import JSON, TEXT, Reply, Send, error_reply, send_error, send_reply
 from naiad.frontends.security import HeaderForwarder
 from naiad.frontends.uvicorn_embed import UvicornRunner
@@ -113,11 +113,11 @@ async def read_json_object(scope: dict[str, Any], receive: Receive, server: Serv
 
 
 class CloudListener:
-    """A cloud frontend's listener: uvicorn with the HTTP frontend's guarded protocol, no TLS
+    """A cloud frontend's listener: the HTTP frontend's connection protocol on uvicorn's server, no TLS
     (the platform terminates TLS in front of the container)."""
 
     def __init__(self, app: Any, server: Server, host: str, port: int, name: str) -> None:
-        protocol = GuardedHttpToolsProtocol.configured(
+        protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(server.config.http_header_timeout_secs),
         )

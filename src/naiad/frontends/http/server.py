@@ -1,4 +1,4 @@
-"""HttpFrontend: the HTTP/REST endpoint, uvicorn (httptools, guarded) inside the caller's asyncio loop."""
+"""HttpFrontend: the HTTP/REST endpoint, Naiad's HTTP/1.1 connections (connection.py) on uvicorn's server in the caller's loop."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import ssl
 from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.app import HttpApp
-from naiad.frontends.http.protocol import DEFAULT_MAX_HEADER_BYTES, GuardedHttpToolsProtocol
+from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
 from naiad.frontends.uvicorn_embed import UvicornRunner
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ class HttpFrontend:
         self.server = server
         self.app = HttpApp(server)
         settings = server.config
-        protocol = GuardedHttpToolsProtocol.configured(
+        protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(settings.http_header_timeout_secs),
         )

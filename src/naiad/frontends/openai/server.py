@@ -1,9 +1,10 @@
-"""OpenAIFrontend: the /v1 API alone on its own port (--openai-port), uvicorn inside the caller's loop."""
+"""OpenAIFrontend: the /v1 API alone on its own port (--openai-port), on the HTTP frontend's connection protocol."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
 from naiad.frontends.openai.app import OpenAIApp
 from naiad.frontends.uvicorn_embed import UvicornRunner
 
@@ -15,7 +16,8 @@ class OpenAIFrontend:
     def __init__(self, server: Server, host: str, port: int) -> None:
         self.server = server
         self.app = OpenAIApp(server)
-        self._runner = UvicornRunner(self.app, host, port, "naiad-openai", http="httptools", ws="none",
+        protocol = HttpConnection.configured(DEFAULT_MAX_HEADER_BYTES, float(server.config.http_header_timeout_secs))
+        self._runner = UvicornRunner(self.app, host, port, "naiad-openai", http=protocol, ws="none",
                                      interface="asgi3", timeout_graceful_shutdown=max(1, int(server.config.exit_timeout_secs)))
 
     async def start(self) -> int:

@@ -1,0 +1,513 @@
+"""HttpConnection: Naiad's HTTP/1.1 connection (httptools parser) running an ASGI app; uvicorn keeps the sockets.
+
+uvicorn's own protocol pauses reading at every 64 KiB of request body until the app asks for more
+(a 1 MiB tensor stalled for milliseconds in TCP flow control), writes each response as two
+packets, and re-validates our own headers with regular expressions on every response. This
+protocol is built for the inference path instead:
+- the whole body is buffered while it arrives (up to BODY_HIGH_WATER unread bytes; the app
+  enforces --http-max-input-size from Content-Length, and the body deadline, while reading) and
+  handed over in one piece;
+- a response's head and body go out in one write when the app sends them back to back;
+- one watchdog timer per connection enforces the header deadline (408, or a silent close when
+  nothing was sent) and the keep-alive idle time, instead of arming and cancelling timers for
+  every request;
+- request headers are bounded in bytes (431).
+It is plugged into uvicorn's server (`http=` setting), which still binds, terminates TLS and
+drives graceful shutdown through `server_state.connections` / `server_state.tasks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import http
+import logging
+import urllib.parse
+from typing import Any, Callable
+
+import httptools
+
+from naiad.frontends.http.errors import error_body
+
+logger = logging.getLogger("naiad.http")
+
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+BODY_HIGH_WATER = 4 * 1024 * 1024  # unread request body bytes buffered before reading pauses
+SMALL_WRITE = 64 * 1024  # head + body below this are joined into one bytes object (larger: writelines)
+
+
+def _status_line(status: int) -> bytes:
+    try:
+        phrase = http.HTTPStatus(status).phrase
+    except ValueError:
+        phrase = ""
+    return f"HTTP/1.1 {status} {phrase}\r\n".encode("latin-1")
+
+
+STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_DISCONNECT = {"type": "http.disconnect"}
+
+
+class Exchange:
+    """One request and its response on a connection: the ASGI receive/send pair of that request."""
+
+    __slots__ = (
+        "conn", "scope", "chunks", "unread", "more_body", "body_taken", "waiter", "disconnected", "expect_continue",
+        "keep_alive", "started", "complete", "head", "chunked", "remaining", "head_only",
+    )
+
+    def __init__(self, conn: HttpConnection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
+        self.conn = conn
+        self.scope = scope
+        self.chunks: list[bytes] = []
+        self.unread = 0
+        self.more_body = True
+        self.body_taken = False  # the final http.request message went to the app
+        self.waiter: asyncio.Future | None = None
+        self.disconnected = False
+        self.expect_continue = expect_continue
+        self.keep_alive = keep_alive
+        self.started = False
+        self.complete = False
+        self.head = b""  # the response head, held back to leave with the first body bytes
+        self.chunked = False
+        self.remaining: int | None = None  # body bytes still owed under Content-Length (None: not bounded)
+        self.head_only = scope["method"] == "HEAD"
+
+    # ------------------------------------------------------------ request side (parser -> app)
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None:
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def feed(self, data: bytes) -> None:
+        if self.complete:
+            return
+        self.chunks.append(data)
+        self.unread += len(data)
+        if self.unread > BODY_HIGH_WATER:
+            self.conn.pause_reading()
+        self._wake()
+
+    def end_of_body(self) -> None:
+        self.more_body = False
+        self._wake()
+
+    def lose(self) -> None:
+        self.disconnected = True
+        self._wake()
+
+    async def receive(self) -> dict[str, Any]:
+        if self.expect_continue:
+            self.expect_continue = False
+            if not self.conn.closing:
+                self.conn.transport.write(CONTINUE)
+        while not self.disconnected and not self.complete:
+            if self.chunks or not (self.more_body or self.body_taken):
+                return self._take_body()
+            self.conn.resume_reading()
+            self.waiter = self.conn.loop.create_future()
+            await self.waiter
+        return _DISCONNECT
+
+    def _take_body(self) -> dict[str, Any]:
+        chunks = self.chunks
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        self.chunks = []
+        self.unread = 0
+        self.body_taken = not self.more_body  # later receives wait for the disconnect (or the answer)
+        self.conn.resume_reading()
+        return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+    # ------------------------------------------------------------ response side (app -> socket)
+
+    async def send(self, message: dict[str, Any]) -> None:
+        conn = self.conn
+        if conn.write_paused is not None and not self.disconnected:
+            await conn.write_paused
+        if self.disconnected:
+            return
+        if not self.started:
+            if message["type"] != "http.response.start":
+                raise RuntimeError(f"expected ASGI message 'http.response.start', got '{message['type']}'")
+            self._start(message["status"], message.get("headers", ()))
+            return
+        if self.complete:
+            raise RuntimeError(f"ASGI message '{message['type']}' sent after the response was complete")
+        if message["type"] != "http.response.body":
+            raise RuntimeError(f"expected ASGI message 'http.response.body', got '{message['type']}'")
+        body = message.get("body", b"")
+        more = message.get("more_body", False)
+        if self.head_only:
+            body = b""
+        elif self.chunked:
+            body = (b"%x\r\n" % len(body) + body + b"\r\n" if body else b"") + (b"" if more else b"0\r\n\r\n")
+        elif self.remaining is not None:
+            if len(body) > self.remaining:
+                raise RuntimeError("response body longer than its Content-Length")
+            self.remaining -= len(body)
+        head, self.head = self.head, b""
+        if head and len(body) > SMALL_WRITE:
+            conn.transport.writelines((head, body))
+        elif head or body:
+            conn.transport.write(head + body if head else body)
+        if not more:
+            if self.remaining and not self.head_only:
+                raise RuntimeError("response body shorter than its Content-Length")
+            self.complete = True
+            self._wake()
+            conn.response_complete(self)
+
+    def _start(self, status: int, headers: Any) -> None:
+        self.started = True
+        self.expect_continue = False
+        parts = [STATUS_LINES.get(status) or _status_line(status)]
+        length: int | None = None
+        for name, value in (*self.conn.default_headers, *headers):
+            if b"\r" in value or b"\n" in value or b"\r" in name or b"\n" in name:
+                raise RuntimeError("invalid HTTP header")
+            lowered = name.lower()
+            if lowered == b"content-length":
+                length = int(value)
+            elif lowered == b"connection" and b"close" in value.lower():
+                self.keep_alive = False
+                continue  # written once below
+            parts += (name, b": ", value, b"\r\n")
+        if self.conn.shutting_down:
+            self.keep_alive = False
+        if length is not None:
+            self.remaining = 0 if self.head_only else length
+        elif not (self.head_only or status in (204, 304) or status < 200):
+            if self.scope["http_version"] == "1.1":
+                self.chunked = True
+                parts.append(b"transfer-encoding: chunked\r\n")
+            else:  # HTTP/1.0: the body ends when the connection does
+                self.keep_alive = False
+        if not self.keep_alive:
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        self.head = b"".join(parts)
+
+    async def run(self, app: Any) -> None:
+        """Run the app for this exchange; an app error answers 500 (or closes a started response)."""
+        try:
+            await app(self.scope, self.receive, self.send)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                self.conn.abort()
+                raise
+            logger.error("exception in ASGI application", exc_info=exc)
+            if not self.started and not self.disconnected:
+                self._answer_500()
+            else:
+                self.conn.abort()
+        else:
+            if not self.complete and not self.disconnected:
+                if not self.started:
+                    logger.error("ASGI application returned without starting a response")
+                    self._answer_500()
+                else:
+                    logger.error("ASGI application returned without completing its response")
+                    self.conn.abort()
+        finally:
+            if self.conn.active is self:
+                self.conn.exchange_finished(self)
+
+    def _answer_500(self) -> None:
+        body = b"Internal Server Error"
+        self.head = b""
+        self.keep_alive = False
+        self.started = True
+        self.complete = True
+        self.conn.transport.write(
+            STATUS_LINES[500] + b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n" + body
+        )
+        self.conn.response_complete(self)
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection: parses requests, runs one exchange at a time (pipelined ones wait), writes answers."""
+
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    header_timeout: float = 30.0
+
+    @classmethod
+    def configured(cls, max_header_bytes: int, header_timeout: float) -> type[HttpConnection]:
+        """A subclass carrying these limits (uvicorn instantiates the class itself)."""
+        return type(cls.__name__, (cls,), {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout})
+
+    def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None) -> None:
+        if not config.loaded:
+            config.load()
+        self.app = config.loaded_app
+        self.loop = _loop or asyncio.get_event_loop()
+        self.keep_alive_timeout = float(config.timeout_keep_alive)
+        self.root_path = config.root_path
+        self.server_state = server_state
+        self.default_headers: list[tuple[bytes, bytes]] = server_state.default_headers
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.server: tuple[str, int] | None = None
+        self.client: tuple[str, int] | None = None
+        self.scheme = "http"
+        self.closing = False
+        self.shutting_down = False
+        self.read_paused = False
+        self.write_paused: asyncio.Future | None = None
+        self.active: Exchange | None = None  # the exchange whose app runs (or ran) and owns the response
+        self.parsing: Exchange | None = None  # the exchange whose request is being parsed
+        self.pipeline: collections.deque[Exchange] = collections.deque()
+        self.upgrade_seen = False
+        # request being parsed
+        self._url = b""
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._expect_continue = False
+        self._in_headers = False
+        self._header_bytes = 0
+        self._begun_in_chunk = False
+        # watchdog: one timer per connection, deadlines kept as plain numbers
+        self._header_deadline = 0.0
+        self._idle_deadline = 0.0
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------ asyncio.Protocol
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.server_state.connections.add(self)
+        self.server = _address(transport.get_extra_info("sockname"))
+        self.client = _address(transport.get_extra_info("peername"))
+        self.scheme = "https" if transport.get_extra_info("sslcontext") else "http"
+        # A connection that never sends a request is closed after the header timeout.
+        self._idle_deadline = self.loop.time() + min(self.header_timeout, self.keep_alive_timeout)
+        self._arm_watchdog(self._idle_deadline)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server_state.connections.discard(self)
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        for exchange in (self.active, self.parsing, *self.pipeline):
+            if exchange is not None and not exchange.complete:
+                exchange.lose()
+        self.pipeline.clear()
+        if self.write_paused is not None and not self.write_paused.done():
+            self.write_paused.set_result(None)
+        self.write_paused = None
+        self.parser = None  # type: ignore[assignment]
+
+    def eof_received(self) -> bool | None:
+        return None  # close the transport (the peer will send nothing more)
+
+    def data_received(self, data: bytes) -> None:
+        was_in_headers = self._in_headers
+        self._begun_in_chunk = False
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.upgrade_seen = True  # no protocol switch here: answered as plain HTTP, then closed
+        except httptools.HttpParserError:
+            self._reject(400, "Invalid HTTP request received.")
+            return
+        if self._in_headers and not self.closing:
+            # Count only chunks made of header bytes from end to end: a chunk that began a request
+            # may carry the previous request's body, so the bound is the limit plus one read.
+            if was_in_headers and not self._begun_in_chunk:
+                self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes:
+                self._reject(431, f"request headers exceed the maximum of {self.max_header_bytes} bytes")
+
+    def pause_writing(self) -> None:
+        if self.write_paused is None:
+            self.write_paused = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        waiter, self.write_paused = self.write_paused, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # ------------------------------------------------------------ httptools callbacks
+
+    def on_message_begin(self) -> None:
+        self._url = b""
+        self._headers = []
+        self._expect_continue = False
+        self._in_headers = True
+        self._begun_in_chunk = True
+        self._header_bytes = 0
+        self._idle_deadline = 0.0
+        self._header_deadline = self.loop.time() + self.header_timeout
+        self._arm_watchdog(self._header_deadline)
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"expect" and value.lower() == b"100-continue":
+            self._expect_continue = True
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._header_deadline = 0.0
+        parser = self.parser
+        version = parser.get_http_version()
+        parsed = httptools.parse_url(self._url)
+        raw_path = parsed.path
+        path = raw_path.decode("ascii")
+        if "%" in path:
+            path = urllib.parse.unquote(path)
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": version,
+            "server": self.server,
+            "client": self.client,
+            "scheme": self.scheme,
+            "method": parser.get_method().decode("ascii"),
+            "root_path": self.root_path,
+            "path": self.root_path + path,
+            "raw_path": self.root_path.encode("ascii") + raw_path,
+            "query_string": parsed.query or b"",
+            "headers": self._headers,
+            "state": {},
+        }
+        keep_alive = version != "1.0" and parser.should_keep_alive() and not self.shutting_down
+        exchange = Exchange(self, scope, keep_alive, self._expect_continue)
+        self.parsing = exchange
+        if self.active is None:
+            self._start(exchange)
+        else:  # pipelined: runs when the one before it has answered
+            self.pipeline.append(exchange)
+            self.pause_reading()
+
+    def on_body(self, body: bytes) -> None:
+        if self.parsing is not None:
+            self.parsing.feed(body)
+
+    def on_message_complete(self) -> None:
+        exchange = self.parsing
+        if exchange is not None:
+            exchange.end_of_body()
+        self.parsing = None
+
+    # ------------------------------------------------------------ exchanges
+
+    def _start(self, exchange: Exchange) -> None:
+        self.active = exchange
+        task = self.loop.create_task(exchange.run(self.app))
+        tasks = self.server_state.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def response_complete(self, exchange: Exchange) -> None:
+        """The answer is on the wire: close, or arm keep-alive (the next pipelined request starts when the app returns)."""
+        self.server_state.total_requests += 1
+        if not exchange.keep_alive or self.upgrade_seen:
+            self.close()
+        elif exchange.more_body and self.parsing is exchange:
+            # Answered before its body was read (an error): the rest of the body cannot be skipped reliably.
+            self.close()
+
+    def exchange_finished(self, exchange: Exchange) -> None:
+        """The app returned; start the next pipelined exchange or wait (idle) for one."""
+        self.active = None
+        if self.closing:
+            return
+        if self.pipeline:
+            self._start(self.pipeline.popleft())
+            if not self.pipeline:
+                self.resume_reading()
+        elif self.shutting_down:
+            self.close()
+        else:
+            self._idle_deadline = self.loop.time() + self.keep_alive_timeout
+            self._arm_watchdog(self._idle_deadline)
+
+    def shutdown(self) -> None:
+        """Called by uvicorn for a graceful stop: idle connections close, busy ones after their answer."""
+        self.shutting_down = True
+        if self.active is None:
+            self.close()
+        elif not self.active.complete:
+            self.active.keep_alive = False
+
+    # ------------------------------------------------------------ transport helpers
+
+    def close(self) -> None:
+        if not self.closing:
+            self.closing = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
+
+    def pause_reading(self) -> None:
+        if not self.read_paused and not self.closing:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.read_paused and not self.closing and not self.pipeline:
+            active = self.active
+            if active is not None and active.unread > BODY_HIGH_WATER:
+                return
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def _reject(self, status: int, message: str) -> None:
+        """A protocol-level error: answer it when no response is under way, then close."""
+        if self.closing:
+            return
+        active = self.active
+        if active is None or active.complete:  # never two answers to one request
+            body = error_body(message)
+            self.transport.write(
+                STATUS_LINES[status] + b"content-type: application/json\r\ncontent-length: "
+                + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
+            )
+        self.close()
+
+    # ------------------------------------------------------------ the watchdog
+
+    def _arm_watchdog(self, deadline: float) -> None:
+        """Make sure the timer fires no later than `deadline` (it re-arms itself for later deadlines)."""
+        timer = self._watchdog
+        if timer is not None:
+            if timer.when() <= deadline:
+                return
+            timer.cancel()
+        self._watchdog = self.loop.call_at(deadline, self._on_watchdog)
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self.closing:
+            return
+        now = self.loop.time()
+        if self._in_headers:
+            if now >= self._header_deadline:
+                self._reject(408, f"request headers were not received within {self.header_timeout:g} seconds")
+            else:
+                self._arm_watchdog(self._header_deadline)
+        elif self._idle_deadline and self.active is None and self.parsing is None:
+            if now >= self._idle_deadline:
+                self.close()  # idle keep-alive connection, or one that never sent a request
+            else:
+                self._arm_watchdog(self._idle_deadline)
+
+
+def _address(value: Any) -> tuple[str, int] | None:
+    if isinstance(value, (tuple, list)) and len(value) >= 2:
+        return (str(value[0]), int(value[1]))
+    return None
+
+
+ConnectionFactory = Callable[..., HttpConnection]
