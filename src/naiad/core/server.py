@@ -278,6 +278,10 @@ class Server:
         except NaiadError as exc:
             model.stats.record_request(False, time.perf_counter_ns() - start, None, failure_reason(exc, model))
             raise
+        except asyncio.CancelledError:
+            # The caller gave up (gRPC cancel or deadline, HTTP client gone, shutdown): Triton's CANCELED.
+            model.stats.record_request(False, time.perf_counter_ns() - start, None, "CANCELED")
+            raise
         finally:
             self._end_request(model.name)
         elapsed = time.perf_counter_ns() - start
@@ -303,6 +307,7 @@ class Server:
         self._begin_request(model.name)
         enqueued = asyncio.get_running_loop().create_task(model.scheduler.enqueue(item))
         enqueued.add_done_callback(partial(_stream_refused, item))
+        # The outcome is settled before the final response is yielded: a caller may stop iterating there.
         success = False
         reason = "BACKEND"
         first = True
@@ -316,21 +321,26 @@ class Server:
                     reason = failure_reason(result.error, model)
                     if not errors_inline:
                         raise result.error
+                    success = result.final and not result.counts_as_failure
                     yield result.error, result.final
                     if result.final:
-                        success = not result.counts_as_failure
                         return
                     continue
                 if result.outputs is None:
-                    yield None, True
                     success = True
+                    yield None, True
                     return
                 response = build_response(model, request, result.outputs, self.shared_memory)
                 response.parameters = dict(result.parameters)
+                success = result.final
                 yield response, result.final
                 if result.final:
-                    success = True
                     return
+        except (asyncio.CancelledError, GeneratorExit):
+            # The caller stopped before the final response (stream cancelled, client gone): CANCELED.
+            if not success:
+                reason = "CANCELED"
+            raise
         finally:
             if not enqueued.done():
                 item.future.cancel()
