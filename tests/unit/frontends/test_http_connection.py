@@ -1,0 +1,186 @@
+"""HttpConnection (Naiad's HTTP/1.1 protocol) driven over real sockets with a small ASGI app."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
+from naiad.frontends.uvicorn_embed import UvicornRunner
+
+
+async def _read_all(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        assert message["type"] == "http.request"
+        chunks.append(message["body"])
+        if not message["more_body"]:
+            return b"".join(chunks)
+
+
+async def app(scope, receive, send) -> None:
+    path = scope["path"]
+    if path == "/digest":  # the body's length and sha256: checks nothing is lost or reordered
+        body = await _read_all(receive)
+        answer = f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+    elif path == "/stream":  # no Content-Length: chunked on HTTP/1.1, close-delimited on HTTP/1.0
+        await _read_all(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        for part in (b"one ", b"two ", b"three"):
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+    elif path == "/boom":
+        raise RuntimeError("a bug in the app")
+    elif path == "/silent":
+        return
+    else:
+        body = await _read_all(receive)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body) + 2).encode())]})
+        await send({"type": "http.response.body", "body": b"ok" + body})
+
+
+@pytest.fixture(scope="module")
+def port() -> Iterator[int]:
+    loop = asyncio.new_event_loop()
+    protocol = HttpConnection.configured(max_header_bytes=8192, header_timeout=1.0)
+    runner = UvicornRunner(app, "127.0.0.1", 0, "test-http", http=protocol, ws="none", interface="asgi3",
+                           timeout_keep_alive=2)
+    started = threading.Event()
+    bound: list[int] = []
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        bound.append(loop.run_until_complete(runner.start()))
+        started.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    yield bound[0]
+    asyncio.run_coroutine_threadsafe(runner.stop(), loop).result(30)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(10)
+
+
+def _exchange(port: int, data: bytes, timeout: float = 10) -> bytes:
+    """Send raw bytes, read until the server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        conn.sendall(data)
+        chunks = []
+        while True:
+            try:
+                chunk = conn.recv(1 << 20)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_a_body_far_above_the_read_high_water_mark_arrives_whole(port):
+    body = bytes(range(256)) * ((3 * BODY_HIGH_WATER) // 256 + 7)
+    request = (b"POST /digest HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n" % len(body)) + body
+    answer = _exchange(port, request, timeout=30)
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode())
+
+
+def test_chunked_request_body_is_reassembled(port):
+    request = (b"POST /digest HTTP/1.1\r\nHost: x\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n"
+               b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n")
+    answer = _exchange(port, request)
+    assert answer.endswith(f"11 {hashlib.sha256(b'hello world').hexdigest()}".encode())
+
+
+def test_head_and_body_leave_in_one_segment_and_keep_alive_holds(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        for payload in (b"a", b"bc"):
+            conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+            first = conn.recv(65536)  # one write: the first read holds the whole answer
+            assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b"ok" + payload)
+
+
+def test_streamed_response_is_chunked_on_http11(port):
+    answer = _exchange(port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert body == b"4\r\none \r\n4\r\ntwo \r\n5\r\nthree\r\n0\r\n\r\n"
+
+
+def test_streamed_response_to_http10_ends_with_the_connection(port):
+    answer = _exchange(port, b"GET /stream HTTP/1.0\r\nHost: x\r\n\r\n")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"connection: close" in head.lower() and b"chunked" not in head.lower()
+    assert body == b"one two three"
+
+
+def test_head_request_gets_headers_only(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\nPOST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nz")
+        data = b""
+        while not data.endswith(b"okz"):
+            chunk = conn.recv(65536)
+            assert chunk
+            data += chunk
+    first, _, rest = data.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 200 ") and b"content-length: 2" in first.lower()
+    assert rest.startswith(b"HTTP/1.1 200 ")  # no body bytes between the two answers
+
+
+def test_expect_100_continue(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 3\r\nConnection: close\r\n\r\n")
+        assert conn.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(b"xyz")
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"okxyz")
+
+
+def test_app_errors_answer_500_and_close(port):
+    for path in (b"/boom", b"/silent"):
+        answer = _exchange(port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 500 ") and b"connection: close" in answer.lower()
+    assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
+
+
+def _send_headers_slowly(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            for _ in range(8):
+                time.sleep(0.01)  # separate reads: the read that starts a request is not counted
+                conn.sendall(b"a" * 4096)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_header_limit_deadline_and_idle_close(port):
+    big = _send_headers_slowly(port)
+    assert big.startswith(b"HTTP/1.1 431 ") and b"exceed the maximum of 8192 bytes" in big
+    late = _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+    assert late.startswith(b"HTTP/1.1 408 ") and b"not received within 1 seconds" in late
+    assert _exchange(port, b"") == b""  # a connection that never sends a request is closed, unanswered
+
+
+def test_pipelined_requests_in_one_packet_are_answered_in_order(port):
+    requests = b"".join(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n" + bytes([c]) for c in b"abc")
+    answer = _exchange(port, requests + b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 200 ") == 4
+    assert answer.index(b"oka") < answer.index(b"okb") < answer.index(b"okc")
