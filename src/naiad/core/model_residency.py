@@ -15,6 +15,9 @@ log = logging.getLogger("naiad.residency")
 # Past HIGH_WATERMARK of the budget, evict down to LOW_WATERMARK of it: what requests and first
 # executions allocate between two checks then fits under the budget, and evictions come in batches.
 HIGH_WATERMARK, LOW_WATERMARK = 0.95, 0.85
+# After an eviction that did not lower the measured usage, the budget evicts again only once usage
+# has grown by this share of the budget since (new pressure), or has fallen under HIGH_WATERMARK.
+REGROWTH = 0.10
 
 
 @dataclass
@@ -55,6 +58,7 @@ class ResidencyManager:
         self._measure = measure or self.resident_set_bytes
         self.base_bytes = self._measure() if budget_bytes is not None else 0
         self.evictions: dict[str, int] = {"memory_budget": 0, "idle": 0}
+        self._stalled_at: int | None = None  # usage after the last eviction that did not lower it
         self.loads = 0
         self._task: asyncio.Task | None = None
         self._lock = asyncio.Lock()
@@ -139,12 +143,7 @@ class ResidencyManager:
         await self._unload(name, f"unloaded (evicted: {reason.replace('_', ' ')})")
 
     async def enforce(self, keep: str = "") -> None:
-        """Unload what the idle and budget rules call for (never `keep`, the model just loaded).
-
-        Past HIGH_WATERMARK of the budget, evictions go one model at a time, least recently used
-        first, measuring again after each unload, until the server is under LOW_WATERMARK of it or
-        nothing idle is left to evict.
-        """
+        """Unload what the idle and budget rules call for (never `keep`, the model just loaded)."""
         async with self._lock:
             if self.idle_unload_secs is not None:
                 now = time.monotonic()
@@ -152,18 +151,41 @@ class ResidencyManager:
                     resident = self.residents.get(name)
                     if resident is not None and now - resident.last_used >= self.idle_unload_secs:
                         await self._evict(name, "idle")
-            if self.budget_bytes is None:
+            if self.budget_bytes is not None:
+                await self._enforce_budget(self.budget_bytes, keep)
+
+    async def _enforce_budget(self, budget: int, keep: str) -> None:
+        """Past HIGH_WATERMARK of the budget, evict least recently used idle models one at a time.
+
+        Usage is measured again after each unload (which has handed freed heap back with
+        malloc_trim); the round goes on until usage is under LOW_WATERMARK, nothing idle is left,
+        or an eviction did not lower usage. Then what is over the budget is not the models' (a
+        request's buffers, memory the allocator keeps): evicting more would empty the server and
+        free nothing, so later rounds wait until usage has grown by REGROWTH of the budget.
+        """
+        used = self.used_bytes()
+        if used <= budget * HIGH_WATERMARK:
+            self._stalled_at = None
+            return
+        if self._stalled_at is not None and used < self._stalled_at + budget * REGROWTH:
+            return
+        self._stalled_at = None
+        tried: set[str] = set()
+        while used > budget * LOW_WATERMARK:
+            victims = [n for n in self._evictable(keep) if n not in tried]
+            if not victims:
                 return
-            if self.used_bytes() <= self.budget_bytes * HIGH_WATERMARK:
+            tried.add(victims[0])
+            await self._evict(victims[0], "memory_budget")
+            after = self.used_bytes()
+            if after >= used:
+                self._stalled_at = after
+                log.warning(
+                    "evicting model '%s' did not lower memory use (%d MB of the %d MB budget): "
+                    "no more evictions until it grows", victims[0], after // 10**6, budget // 10**6,
+                )
                 return
-            target = self.budget_bytes * LOW_WATERMARK
-            tried: set[str] = set()
-            while self.used_bytes() > target:
-                victims = [n for n in self._evictable(keep) if n not in tried]
-                if not victims:
-                    break
-                tried.add(victims[0])
-                await self._evict(victims[0], "memory_budget")
+            used = after
 
     async def _watch(self) -> None:
         period = 1.0 if self.idle_unload_secs is None else max(min(self.idle_unload_secs / 4, 1.0), 0.05)

@@ -2,7 +2,7 @@
 
 import asyncio
 
-from naiad.core.model_residency import HIGH_WATERMARK, LOW_WATERMARK, ResidencyManager
+from naiad.core.model_residency import HIGH_WATERMARK, LOW_WATERMARK, REGROWTH, ResidencyManager
 
 MB = 10**6
 
@@ -48,3 +48,47 @@ def test_held_in_flight_pinned_and_kept_models_are_not_evicted():
     manager.release("held")
     asyncio.run(manager.enforce(keep="kept"))
     assert unloaded == ["free", "held"]
+
+
+def test_an_eviction_that_frees_nothing_ends_the_round_and_later_rounds_wait_for_growth():
+    usage = [0]
+    sizes = {f"m{i}": 0 for i in range(10)}  # unloading frees nothing measurable (the allocator keeps it)
+    manager, unloaded = _manager(usage, sizes)
+    usage[0] = 100 * MB
+    asyncio.run(manager.enforce())
+    assert unloaded == ["m0"]  # one try, not the whole server
+    for _ in range(5):  # the periodic checks that follow: usage has not grown, nothing more goes
+        asyncio.run(manager.enforce())
+    assert unloaded == ["m0"]
+    assert REGROWTH == 0.10
+    usage[0] = 109 * MB
+    asyncio.run(manager.enforce())
+    assert unloaded == ["m0"]
+    usage[0] = 110 * MB  # grown by REGROWTH of the budget since: new pressure, one more try
+    asyncio.run(manager.enforce())
+    assert unloaded == ["m0", "m1"]
+    assert manager.evictions["memory_budget"] == 2
+
+
+def test_usage_back_under_the_high_watermark_lifts_the_wait():
+    usage = [0]
+    sizes = {f"m{i}": 0 for i in range(4)}
+    manager, unloaded = _manager(usage, sizes)
+    usage[0] = 100 * MB
+    asyncio.run(manager.enforce())
+    assert unloaded == ["m0"]
+    usage[0] = 50 * MB  # e.g. requests ended and their buffers were trimmed
+    asyncio.run(manager.enforce())
+    usage[0] = 96 * MB  # a new pressure event, though smaller than REGROWTH above the stalled point
+    asyncio.run(manager.enforce())
+    assert unloaded == ["m0", "m1"]
+
+
+def test_evictions_that_free_memory_go_on_past_one_that_frees_less():
+    usage = [0]
+    sizes = {"a": 1 * MB, "b": 4 * MB, "c": 4 * MB, "d": 4 * MB}
+    manager, unloaded = _manager(usage, sizes)
+    usage[0] = 96 * MB
+    asyncio.run(manager.enforce())
+    assert unloaded == ["a", "b", "c", "d"]  # each lowered usage, a little or more, until under the low watermark
+    assert usage[0] == 83 * MB
