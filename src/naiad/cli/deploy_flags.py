@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from naiad.cli.arg_types import parse_bool
+from naiad.config.server_config import ServerConfig
 
 # Environment variables the platforms set (read here, at the edge, and nowhere else).
 SAGEMAKER_DEFAULT_MODEL = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME"
@@ -73,8 +74,9 @@ def add_deploy_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) ->
                       help="require metadata 'triton-grpc-protocol-KEY: VALUE' for these groups; repeatable")
     grpc.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",
                       help="forward matching metadata as string parameters (case-insensitive unless '(?-i)' prefix)")
-    grpc.add_argument("--grpc-max-concurrent-streams", type=parse_count, default=0, metavar="N",
-                      help="concurrent RPCs per client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); 0 = gRPC default")
+    grpc.add_argument("--grpc-max-concurrent-streams", type=parse_count, default=ServerConfig().grpc_max_concurrent_streams,
+                      metavar="N", help="concurrent RPCs per client connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; "
+                      "more are refused with REFUSED_STREAM); 0 = no limit")
     grpc.add_argument("--grpc-max-concurrent-rpcs", type=parse_count, default=0, metavar="N",
                       help="RPCs in flight on the whole server; more fail with RESOURCE_EXHAUSTED; 0 = no limit")
     cloud = parser.add_argument_group("cloud frontends (listen on --http-address)")

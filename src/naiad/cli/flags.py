@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from naiad.cli.arg_types import parse_bool
+from naiad.cli.arg_types import parse_bool, parse_positive_secs
 from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
 from naiad.config.server_config import ServerConfig
 
@@ -54,6 +54,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, help="0 picks a free port")
     parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=d.grpc_server_impl,
                         help="gRPC server implementation: Naiad's own HTTP/2 server (default) or grpcio's grpc.aio")
+    parser.add_argument("--grpc-incomplete-request-timeout-secs", type=parse_positive_secs,
+                        default=d.grpc_incomplete_request_timeout_secs,
+                        help="reset a gRPC call whose request stops arriving half-way for this long (and close a "
+                        "connection stuck in a partial frame or its preface); Naiad's gRPC server only")
     _bool_flag(parser, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     parser.add_argument("--metrics-address", default=None,
                         help="default: --http-address (0.0.0.0 when HTTP is off), as Triton")
@@ -207,6 +211,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
         grpc_server_impl=args.grpc_server_impl,
+        grpc_incomplete_request_timeout_secs=args.grpc_incomplete_request_timeout_secs,
         allow_metrics=args.allow_metrics,
         metrics_address=_metrics_address(args),
         metrics_port=args.metrics_port,

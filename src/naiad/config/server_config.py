@@ -35,9 +35,12 @@ class ServerConfig:
     grpc_root_cert: str = ""
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     grpc_header_forward_pattern: str = ""
-    grpc_max_concurrent_streams: int = 0  # per connection (HTTP/2 SETTINGS); 0 = gRPC's default
+    # per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; more are refused); 0 = no limit (grpc-core's default)
+    grpc_max_concurrent_streams: int = 1000
     grpc_max_concurrent_rpcs: int = 0  # whole server; past it calls fail RESOURCE_EXHAUSTED; 0 = no limit
     grpc_server_impl: str = "naiad"  # "naiad" (own HTTP/2 server) or "grpcio" (grpc.aio)
+    # Naiad's server: a call whose request stops arriving half-way (or a partial frame, a missing preface) is reset
+    grpc_incomplete_request_timeout_secs: float = 30.0
     # cloud frontends (they listen on http_address)
     allow_sagemaker: bool = False
     sagemaker_port: int = 8080

@@ -19,7 +19,6 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.grpc import h2_server
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.server import GrpcFrontend
 from tests.unit.frontends.test_grpc_servicer import FakeServer
@@ -65,10 +64,10 @@ def served() -> Iterator[Served]:
 
 
 @pytest.fixture()
-def own(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Served]:
+def own(request: pytest.FixtureRequest) -> Iterator[Served]:
     """A server of the test's own (stopped by the test, or with changed settings)."""
-    monkeypatch.setattr(h2_server, "REQUEST_TIMEOUT", 0.6)
     fake = FakeServer()
+    fake.config.grpc_incomplete_request_timeout_secs = 0.6  # what --grpc-incomplete-request-timeout-secs sets
     for key, value in getattr(request, "param", {}).items():
         setattr(fake.config, key, value)
     yield from _serve(fake)
@@ -344,6 +343,41 @@ def test_concurrent_stream_limit_is_advertised_and_enforced(own: Served) -> None
         assert refused[0] == w.RST_STREAM and struct.unpack(">I", refused[3])[0] == w.REFUSED_STREAM
         own.release_gate("one-after")
         assert client.status(1)["grpc-status"] == "0"
+    finally:
+        client.close()
+
+
+def test_default_stream_limit_is_advertised_and_the_stream_past_it_is_refused(own: Served) -> None:
+    limit = own.fake.config.grpc_max_concurrent_streams
+    assert limit == 1000  # ServerConfig's default, what `naiad serve` uses without --grpc-max-concurrent-streams
+    client = RawClient(own.port)
+    try:
+        settings = client.until(lambda f: f[0] == w.SETTINGS and not f[1] & w.ACK)
+        pairs = dict(struct.unpack(">HI", settings[3][i:i + 6]) for i in range(0, len(settings[3]), 6))
+        assert pairs[w.S_MAX_CONCURRENT_STREAMS] == limit
+        held = [2 * i + 1 for i in range(limit)]
+        for sid in held:  # every one waits in the core for the same release
+            client.call(sid, INFER, _message(_gate(f"held-{sid}", "release")))
+        own.fake.wait_seen(f"held-{held[-1]}")
+        past = held[-1] + 2
+        client.call(past, "/inference.GRPCInferenceService/ServerReady", _message(pb.ServerReadyRequest()))
+        refused = client.until(lambda f: f[2] == past)
+        assert refused[0] == w.RST_STREAM and struct.unpack(">I", refused[3])[0] == w.REFUSED_STREAM
+        own.release_gate("release")
+        assert all(client.status(sid)["grpc-status"] == "0" for sid in held)
+        client.call(past + 2, "/inference.GRPCInferenceService/ServerReady", _message(pb.ServerReadyRequest()))
+        assert client.status(past + 2)["grpc-status"] == "0"  # slots free again: new streams are served
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("own", [{"grpc_max_concurrent_streams": 0}], indirect=True)
+def test_no_stream_limit_when_set_to_zero(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        settings = client.until(lambda f: f[0] == w.SETTINGS and not f[1] & w.ACK)
+        pairs = dict(struct.unpack(">HI", settings[3][i:i + 6]) for i in range(0, len(settings[3]), 6))
+        assert w.S_MAX_CONCURRENT_STREAMS not in pairs
     finally:
         client.close()
 

@@ -23,7 +23,7 @@ from naiad.frontends.grpc.h2_stream import Stream
 
 logger = logging.getLogger(__name__)
 
-REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long
+REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long (by default)
 WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes wait for window
 
 _OK = grpc.StatusCode.OK
@@ -41,12 +41,12 @@ class H2GrpcServer:
     """Listener, method table, server-wide limits and graceful stop of Naiad's gRPC server."""
 
     def __init__(self, guard: Guard | None = None, max_concurrent_streams: int = 0, max_concurrent_rpcs: int = 0,
-                 request_timeout: float | None = None) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT) -> None:
         self.loop = asyncio.get_running_loop()
         self.guard = guard
         self.max_concurrent_streams = max_concurrent_streams
         self.max_concurrent_rpcs = max_concurrent_rpcs
-        self.request_timeout = REQUEST_TIMEOUT if request_timeout is None else request_timeout
+        self.request_timeout = request_timeout
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}

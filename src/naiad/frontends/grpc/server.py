@@ -86,6 +86,7 @@ class GrpcFrontend:
             guard=Guard(config.grpc_restricted_protocol, config.grpc_header_forward_pattern),
             max_concurrent_streams=config.grpc_max_concurrent_streams,
             max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
+            request_timeout=config.grpc_incomplete_request_timeout_secs,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), h2)
         h2.add_generic_rpc_handlers((health_handler(self._server),))

@@ -1,0 +1,32 @@
+"""`naiad serve` gRPC limits: the per-connection stream cap and the incomplete-request timeout reach ServerConfig."""
+
+from __future__ import annotations
+
+import pytest
+
+from naiad.cli.flags import config_from_args
+from naiad.cli.main import build_parser
+from naiad.config.server_config import ServerConfig
+
+
+def _config(*flags: str) -> ServerConfig:
+    return config_from_args(build_parser().parse_args(["serve", "--model-repository", "/models", *flags]))
+
+
+def test_defaults_bound_streams_and_wait_30_seconds_for_a_request() -> None:
+    config = _config()
+    assert config.grpc_max_concurrent_streams == 1000
+    assert config.grpc_incomplete_request_timeout_secs == 30.0
+
+
+def test_flags_set_both() -> None:
+    config = _config("--grpc-max-concurrent-streams=0", "--grpc-incomplete-request-timeout-secs", "2.5")
+    assert config.grpc_max_concurrent_streams == 0  # no limit, as grpc-core
+    assert config.grpc_incomplete_request_timeout_secs == 2.5
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "soon", "nan"])
+def test_the_timeout_must_be_a_positive_number(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _config(f"--grpc-incomplete-request-timeout-secs={value}")
+    assert "--grpc-incomplete-request-timeout-secs" in capsys.readouterr().err
