@@ -61,6 +61,8 @@ def test_two_instances_are_two_processes_running_in_parallel(tmp_path, prefix):
         instances = server.models.lookup("rendezvous").pool.instances
         pids = {inst.pid for inst in instances}
         assert len(pids) == 2 and os.getpid() not in pids
+        # Workers yield to the server on a shared core (SCHED_BATCH: no wake-up preemption).
+        assert {os.sched_getscheduler(pid) for pid in pids} == {os.SCHED_BATCH}
 
         async def both():
             from naiad.protocol.types import InferenceRequest, InferInput
