@@ -120,6 +120,7 @@ class CloudListener:
         protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(server.config.http_header_timeout_secs),
+            body_timeout=float(server.config.http_body_timeout_secs),
         )
         self._runner = UvicornRunner(
             app, host, port, name,

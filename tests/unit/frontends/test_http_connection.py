@@ -25,6 +25,9 @@ async def _read_all(receive) -> bytes:
             return b"".join(chunks)
 
 
+DISCONNECTS: list[str] = []
+
+
 async def app(scope, receive, send) -> None:
     path = scope["path"]
     if path == "/digest":  # the body's length and sha256: checks nothing is lost or reordered
@@ -38,6 +41,16 @@ async def app(scope, receive, send) -> None:
         for part in (b"one ", b"two ", b"three"):
             await send({"type": "http.response.body", "body": part, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+    elif path == "/hang":  # waits for the disconnect callback the connection offers
+        await _read_all(receive)
+        gone = asyncio.Event()
+        scope["extensions"]["naiad.on_disconnect"](gone.set)
+        await asyncio.wait_for(gone.wait(), 10)
+        DISCONNECTS.append(scope["path"])
+    elif path == "/disconnects":
+        answer = str(len(DISCONNECTS)).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -51,7 +64,7 @@ async def app(scope, receive, send) -> None:
 @pytest.fixture(scope="module")
 def port() -> Iterator[int]:
     loop = asyncio.new_event_loop()
-    protocol = HttpConnection.configured(max_header_bytes=8192, header_timeout=1.0)
+    protocol = HttpConnection.configured(max_header_bytes=8192, header_timeout=1.0, body_timeout=1.0)
     runner = UvicornRunner(app, "127.0.0.1", 0, "test-http", http=protocol, ws="none", interface="asgi3",
                            timeout_keep_alive=2)
     started = threading.Event()
@@ -184,3 +197,23 @@ def test_pipelined_requests_in_one_packet_are_answered_in_order(port):
     answer = _exchange(port, requests + b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 ") == 4
     assert answer.index(b"oka") < answer.index(b"okb") < answer.index(b"okc")
+
+
+def test_a_late_body_is_answered_408_by_the_connection(port):
+    # /digest reads the body with no deadline of its own: the connection enforces it.
+    answer = _exchange(port, b"POST /digest HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nhello")
+    assert answer.startswith(b"HTTP/1.1 408 ")
+    assert b"request body was not received within 1 seconds (received 5 bytes)" in answer
+
+
+def test_the_disconnect_callback_runs_when_the_client_leaves(port):
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)  # the app has registered its callback
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        count = _exchange(port, b"GET /disconnects HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        if count.endswith(b"\r\n\r\n1"):
+            return
+        time.sleep(0.05)
+    raise AssertionError("the disconnect callback did not run")

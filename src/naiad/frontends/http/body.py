@@ -51,33 +51,40 @@ class RequestHeaders:
         return self.chunked or (self.declared_length() or 0) > 0
 
 
-async def read_body(receive: Receive, headers: RequestHeaders, limit: int, timeout: float) -> bytes:
-    """The whole request body, refused (400, connection closed) past `limit` bytes or `timeout` seconds."""
+async def read_body(receive: Receive, headers: RequestHeaders, limit: int, timeout: float | None) -> bytes:
+    """The whole request body, refused (400, connection closed) past `limit` bytes or `timeout` seconds
+    (None: the server enforces the body deadline itself)."""
     declared = headers.declared_length()
     if declared is not None and declared > limit:
         raise body_too_large(declared, limit)
-    chunks: list[bytes] = []
-    total = 0
+    received = [0]
+    if timeout is None:
+        return await _collect(receive, limit, received)
     try:
         async with asyncio.timeout(timeout):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    raise ClientDisconnected()
-                chunk = message.get("body", b"")
-                if chunk:
-                    total += len(chunk)
-                    if total > limit:
-                        raise body_too_large(None, limit)
-                    chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
+            return await _collect(receive, limit, received)
     except TimeoutError:
         raise HttpError(
             408,
-            f"request body was not received within {timeout:g} seconds (received {total} bytes)",
+            f"request body was not received within {timeout:g} seconds (received {received[0]} bytes)",
             close=True,
         ) from None
+
+
+async def _collect(receive: Receive, limit: int, received: list[int]) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        if chunk:
+            received[0] += len(chunk)
+            if received[0] > limit:
+                raise body_too_large(None, limit)
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
     if len(chunks) == 1:
         return chunks[0]
     return b"".join(chunks)

@@ -5,13 +5,15 @@ uvicorn's own protocol pauses reading at every 64 KiB of request body until the 
 packets, and re-validates our own headers with regular expressions on every response. This
 protocol is built for the inference path instead:
 - the whole body is buffered while it arrives (up to BODY_HIGH_WATER unread bytes; the app
-  enforces --http-max-input-size from Content-Length, and the body deadline, while reading) and
-  handed over in one piece;
+  enforces --http-max-input-size from Content-Length while reading) and handed over in one piece;
 - a response's head and body go out in one write when the app sends them back to back;
 - one watchdog timer per connection enforces the header deadline (408, or a silent close when
-  nothing was sent) and the keep-alive idle time, instead of arming and cancelling timers for
-  every request;
+  nothing was sent), the body deadline (408) and the keep-alive idle time, instead of arming
+  and cancelling timers for every request;
 - request headers are bounded in bytes (431).
+Two ASGI scope extensions let the inference path skip per-request timers of its own:
+`naiad.body_deadline` (this server answers a late body with 408 itself) and
+`naiad.on_disconnect` (register a callback run if the client goes away before the answer).
 It is plugged into uvicorn's server (`http=` setting), which still binds, terminates TLS and
 drives graceful shutdown through `server_state.connections` / `server_state.tasks`.
 """
@@ -53,8 +55,9 @@ class Exchange:
     """One request and its response on a connection: the ASGI receive/send pair of that request."""
 
     __slots__ = (
-        "conn", "scope", "chunks", "unread", "more_body", "body_taken", "waiter", "disconnected", "expect_continue",
-        "keep_alive", "started", "complete", "head", "chunked", "remaining", "head_only",
+        "conn", "scope", "chunks", "unread", "received", "more_body", "body_taken", "waiter", "disconnected", "expect_continue",
+        "keep_alive", "started", "complete", "head", "chunked", "remaining", "head_only", "body_deadline",
+        "disconnect_callback",
     )
 
     def __init__(self, conn: HttpConnection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
@@ -62,6 +65,7 @@ class Exchange:
         self.scope = scope
         self.chunks: list[bytes] = []
         self.unread = 0
+        self.received = 0
         self.more_body = True
         self.body_taken = False  # the final http.request message went to the app
         self.waiter: asyncio.Future | None = None
@@ -74,6 +78,9 @@ class Exchange:
         self.chunked = False
         self.remaining: int | None = None  # body bytes still owed under Content-Length (None: not bounded)
         self.head_only = scope["method"] == "HEAD"
+        self.body_deadline = 0.0  # while the body is incomplete: when it is late
+        self.disconnect_callback: Callable[[], None] | None = None
+        scope["extensions"] = {"naiad.body_deadline": {}, "naiad.on_disconnect": self.on_disconnect}
 
     # ------------------------------------------------------------ request side (parser -> app)
 
@@ -89,6 +96,7 @@ class Exchange:
             return
         self.chunks.append(data)
         self.unread += len(data)
+        self.received += len(data)
         if self.unread > BODY_HIGH_WATER:
             self.conn.pause_reading()
         self._wake()
@@ -100,6 +108,13 @@ class Exchange:
     def lose(self) -> None:
         self.disconnected = True
         self._wake()
+        callback, self.disconnect_callback = self.disconnect_callback, None
+        if callback is not None and not self.complete:
+            callback()
+
+    def on_disconnect(self, callback: Callable[[], None] | None) -> None:
+        """Run `callback` if the connection is lost before the response is complete (None: forget it)."""
+        self.disconnect_callback = callback
 
     async def receive(self) -> dict[str, Any]:
         if self.expect_continue:
@@ -234,11 +249,13 @@ class HttpConnection(asyncio.Protocol):
 
     max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
     header_timeout: float = 30.0
+    body_timeout: float = 60.0
 
     @classmethod
-    def configured(cls, max_header_bytes: int, header_timeout: float) -> type[HttpConnection]:
+    def configured(cls, max_header_bytes: int, header_timeout: float, body_timeout: float = 60.0) -> type[HttpConnection]:
         """A subclass carrying these limits (uvicorn instantiates the class itself)."""
-        return type(cls.__name__, (cls,), {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout})
+        limits = {"max_header_bytes": max_header_bytes, "header_timeout": header_timeout, "body_timeout": body_timeout}
+        return type(cls.__name__, (cls,), limits)
 
     def __init__(self, config: Any, server_state: Any, app_state: dict[str, Any], _loop: asyncio.AbstractEventLoop | None = None) -> None:
         if not config.loaded:
@@ -380,6 +397,8 @@ class HttpConnection(asyncio.Protocol):
         }
         keep_alive = version != "1.0" and parser.should_keep_alive() and not self.shutting_down
         exchange = Exchange(self, scope, keep_alive, self._expect_continue)
+        exchange.body_deadline = self.loop.time() + self.body_timeout
+        self._arm_watchdog(exchange.body_deadline)
         self.parsing = exchange
         if self.active is None:
             self._start(exchange)
@@ -394,6 +413,7 @@ class HttpConnection(asyncio.Protocol):
     def on_message_complete(self) -> None:
         exchange = self.parsing
         if exchange is not None:
+            exchange.body_deadline = 0.0
             exchange.end_of_body()
         self.parsing = None
 
@@ -476,6 +496,16 @@ class HttpConnection(asyncio.Protocol):
             )
         self.close()
 
+    def _body_too_late(self, exchange: Exchange) -> None:
+        """408 for a request whose body did not arrive in time (unless its answer is already under way)."""
+        received = exchange.received
+        if exchange is self.active and not exchange.started:
+            exchange.started = exchange.complete = True  # the app, still waiting for the body, answers nothing
+            self.active = None
+            self._reject(408, f"request body was not received within {self.body_timeout:g} seconds (received {received} bytes)")
+        self.abort()
+        exchange.lose()
+
     # ------------------------------------------------------------ the watchdog
 
     def _arm_watchdog(self, deadline: float) -> None:
@@ -492,11 +522,17 @@ class HttpConnection(asyncio.Protocol):
         if self.closing:
             return
         now = self.loop.time()
+        parsing = self.parsing
         if self._in_headers:
             if now >= self._header_deadline:
                 self._reject(408, f"request headers were not received within {self.header_timeout:g} seconds")
             else:
                 self._arm_watchdog(self._header_deadline)
+        elif parsing is not None and parsing.body_deadline:
+            if now >= parsing.body_deadline:
+                self._body_too_late(parsing)
+            else:
+                self._arm_watchdog(parsing.body_deadline)
         elif self._idle_deadline and self.active is None and self.parsing is None:
             if now >= self._idle_deadline:
                 self.close()  # idle keep-alive connection, or one that never sent a request

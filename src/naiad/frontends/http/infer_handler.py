@@ -59,12 +59,14 @@ class InferHandler:
         server = self.server
         limit = server.config.http_max_input_size
         try:
-            body = await read_body(receive, headers, limit, server.config.http_body_timeout_secs)
+            # Naiad's connection answers a late body itself: no timer of our own for every request.
+            deadline = None if "naiad.body_deadline" in scope.get("extensions", ()) else server.config.http_body_timeout_secs
+            body = await read_body(receive, headers, limit, deadline)
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))
             payload, json_length = await until_disconnect(
-                receive, infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
+                receive, infer_payload(server, model, version, body, header_length, scope, self.forward_headers), scope
             )
         except ClientDisconnected:
             return

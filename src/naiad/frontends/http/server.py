@@ -41,6 +41,7 @@ class HttpFrontend:
         protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(settings.http_header_timeout_secs),
+            body_timeout=float(settings.http_body_timeout_secs),
         )
         self._runner = UvicornRunner(
             self.app, host, port, "naiad-http",

@@ -16,7 +16,9 @@ class OpenAIFrontend:
     def __init__(self, server: Server, host: str, port: int) -> None:
         self.server = server
         self.app = OpenAIApp(server)
-        protocol = HttpConnection.configured(DEFAULT_MAX_HEADER_BYTES, float(server.config.http_header_timeout_secs))
+        config = server.config
+        protocol = HttpConnection.configured(DEFAULT_MAX_HEADER_BYTES, float(config.http_header_timeout_secs),
+                                             float(config.http_body_timeout_secs))
         self._runner = UvicornRunner(self.app, host, port, "naiad-openai", http=protocol, ws="none",
                                      interface="asgi3", timeout_graceful_shutdown=max(1, int(server.config.exit_timeout_secs)))
 
