@@ -71,7 +71,8 @@ def served(tmp_path_factory):
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         cwd=Path(__file__).resolve().parents[2])
     try:
-        with start_server(repo, timeout=400, env=ENV) as server:
+        with start_server(repo, "--model-control-mode", "explicit", "--load-model", MODEL, timeout=400,
+                          env=ENV) as server:
             stdout, _ = offline.communicate(json.dumps(prompts), timeout=400)
             line = next(l for l in stdout.splitlines() if l.startswith(OFFLINE_PREFIX))
             server.chat_prompt = prompts[-1]
@@ -101,11 +102,14 @@ def _post(url: str, doc: dict) -> tuple[int, bytes]:
         return exc.code, exc.read()
 
 
-def _metric(server: RunningServer, name: str, **labels: str) -> float:
+def _metrics_text(server: RunningServer) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
+        return reply.read().decode()
+
+
+def _metric(server: RunningServer, name: str, **labels: str) -> float:
     total = 0.0
-    for line in text.splitlines():
+    for line in _metrics_text(server).splitlines():
         if (line.startswith(name + "{") or line.startswith(name + " ")) and \
                 all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
@@ -330,7 +334,9 @@ def test_concurrent_streams(server, offline):
         except BaseException as exc:  # reported below, not lost in the thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=run, args=(p,)) for p in STREAM_PROMPTS]
+    start = threading.Barrier(len(STREAM_PROMPTS))
+    run_together = lambda prompt: (start.wait(), run(prompt))  # noqa: E731
+    threads = [threading.Thread(target=run_together, args=(p,)) for p in STREAM_PROMPTS]
     for t in threads:
         t.start()
     peak = 0.0
@@ -344,3 +350,26 @@ def test_concurrent_streams(server, offline):
     for prompt, pieces in outputs.items():
         assert "".join(pieces) == offline[prompt]["text"], (prompt, pieces)
     assert peak > 1  # vLLM ran several of them in one batch
+
+
+def _engine_processes(server: RunningServer) -> list:
+    import psutil
+
+    return [p for p in psutil.Process(server.process.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+
+
+def test_unload_ends_the_engine_and_a_reload_serves_again(server, offline):
+    """Last in this module: it unloads the model (the server runs in explicit model control mode)."""
+    assert _engine_processes(server)
+    status, body = _post(f"http://{server.http_url}/v2/repository/models/{MODEL}/unload", {})
+    assert status == 200, body
+    deadline = time.monotonic() + 60
+    while _engine_processes(server) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _engine_processes(server)  # vLLM's engine core process ended with the unload
+    assert "vllm:num_requests_running{" not in _metrics_text(server)  # the families left with the model
+    status, body = _post(f"http://{server.http_url}/v2/repository/models/{MODEL}/load", {})
+    assert status == 200, body
+    status, body = _post(f"http://{server.http_url}/v2/models/{MODEL}/generate",
+                         {"text_input": PROMPTS[0], "exclude_input_in_output": True, "parameters": _greedy()})
+    assert status == 200 and json.loads(body)["text_output"] == offline[PROMPTS[0]]["text"]
