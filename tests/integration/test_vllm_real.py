@@ -43,9 +43,11 @@ CONFIG = ('backend: "vllm"\n'
 ENV = {
     "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",  # nothing is downloaded
     "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",  # vLLM reports usage over the network unless told not to
-    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache on the CPU (the default would take 4)
 }
-SETTINGS = {"max_model_len": MAX_MODEL_LEN, "enforce_eager": True, "dtype": "float32", "max_num_seqs": 32}
+# model.json. On the CPU, vLLM's KV cache is gpu_memory_utilization (0.9) of the machine's RAM unless
+# kv_cache_memory_bytes (or VLLM_CPU_KVCACHE_SPACE, in GiB) says otherwise: 64 MiB holds 64k tokens here.
+SETTINGS = {"max_model_len": MAX_MODEL_LEN, "enforce_eager": True, "dtype": "float32", "max_num_seqs": 32,
+            "kv_cache_memory_bytes": 64 << 20}
 
 
 def _chat_prompt(hf: Path, messages: list[dict]) -> str:
@@ -67,7 +69,7 @@ def served(tmp_path_factory):
     prompts = PROMPTS + STREAM_PROMPTS + [_chat_prompt(hf, CHAT)]
     env = dict(os.environ, **ENV)
     offline = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.vllm_offline", str(hf), str(MAX_MODEL_LEN), str(MAX_TOKENS)],
+        [sys.executable, "-m", "tests.support.vllm_offline", json.dumps({"model": str(hf), **SETTINGS}), str(MAX_TOKENS)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         cwd=Path(__file__).resolve().parents[2])
     try:
@@ -220,10 +222,12 @@ def test_openai_completions_stream_and_usage(server, offline):
 def test_openai_chat_stream_and_not(server, offline):
     client = _client(server)
     expected = offline[server.chat_prompt]["text"]  # the chat template's prompt, generated offline
-    whole = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0,
+    whole = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0, n=2,
                                            extra_body={"ignore_eos": True})
-    assert whole.choices[0].message.role == "assistant" and whole.choices[0].message.content == expected
+    assert [c.index for c in whole.choices] == [0, 1]  # n fans out into two vLLM requests
+    assert all(c.message.role == "assistant" and c.message.content == expected for c in whole.choices)
     assert whole.usage.prompt_tokens == offline[server.chat_prompt]["prompt_tokens"]
+    assert whole.usage.completion_tokens == 2 * MAX_TOKENS
     stream = list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS, temperature=0,
                                                  stream=True, extra_body={"ignore_eos": True}))
     assert stream[0].choices[0].delta.role == "assistant"

@@ -1,8 +1,9 @@
 """vLLM's own offline `LLM.generate` on a list of prompts: the reference that served outputs are compared with.
 
-Run as `python -m tests.support.vllm_offline MODEL_DIR MAX_MODEL_LEN MAX_TOKENS` with a JSON list of
-prompts on stdin; prints one line `VLLM_OFFLINE {...}` mapping each prompt to its greedy text and
-token counts, and (for benchmarks) the wall time of the generate call. A separate process because
+Run as `python -m tests.support.vllm_offline ENGINE_ARGS_JSON MAX_TOKENS` (the engine arguments a
+model.json holds, with an absolute "model") and a JSON list of prompts on stdin; prints one line
+`VLLM_OFFLINE {...}` mapping each prompt to its greedy text and token counts, and (for benchmarks)
+the wall time of the generate call. A separate process because
 vLLM starts its engine core with multiprocessing's spawn, which needs a guarded __main__.
 """
 
@@ -15,10 +16,10 @@ import time
 PREFIX = "VLLM_OFFLINE "
 
 
-def generate(model: str, max_model_len: int, max_tokens: int, prompts: list[str]) -> dict:
+def generate(engine_args: dict, max_tokens: int, prompts: list[str]) -> dict:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, max_model_len=max_model_len, enforce_eager=True, dtype="float32", seed=0)
+    llm = LLM(**engine_args)
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     started = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -32,9 +33,9 @@ def generate(model: str, max_model_len: int, max_tokens: int, prompts: list[str]
 
 
 def main(argv: list[str]) -> None:
-    model, max_model_len, max_tokens = argv[0], int(argv[1]), int(argv[2])
+    engine_args, max_tokens = json.loads(argv[0]), int(argv[1])
     prompts = json.loads(sys.stdin.read())
-    print(PREFIX + json.dumps(generate(model, max_model_len, max_tokens, prompts)), flush=True)
+    print(PREFIX + json.dumps(generate(engine_args, max_tokens, prompts)), flush=True)
 
 
 if __name__ == "__main__":
