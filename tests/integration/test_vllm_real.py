@@ -69,7 +69,8 @@ def served(tmp_path_factory):
     prompts = PROMPTS + STREAM_PROMPTS + [_chat_prompt(hf, CHAT)]
     env = dict(os.environ, **ENV)
     offline = subprocess.Popen(
-        [sys.executable, "-m", "tests.support.vllm_offline", json.dumps({"model": str(hf), **SETTINGS}), str(MAX_TOKENS)],
+        [sys.executable, "-m", "tests.support.vllm_offline", json.dumps({"model": str(hf), **SETTINGS}),
+         str(MAX_TOKENS)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
         cwd=Path(__file__).resolve().parents[2])
     try:
@@ -240,7 +241,8 @@ def test_stop_strings(server, offline):
     prompt = PROMPTS[0]
     full = offline[prompt]["text"]
     stop = full[len(full) // 2:len(full) // 2 + 3]
-    kw = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    kw = {"model": MODEL, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+          "extra_body": {"ignore_eos": True}}
     cut = client.completions.create(stop=[stop], **kw).choices[0]
     assert cut.text == full[:full.find(stop)] and cut.finish_reason == "stop"
     streamed = client.completions.create(stop=stop, stream=True, **kw)
@@ -359,7 +361,8 @@ def test_concurrent_streams(server, offline):
 def _engine_processes(server: RunningServer) -> list:
     import psutil
 
-    return [p for p in psutil.Process(server.process.pid).children(recursive=True) if "EngineCore" in " ".join(p.cmdline())]
+    children = psutil.Process(server.process.pid).children(recursive=True)
+    return [p for p in children if "EngineCore" in " ".join(p.cmdline())]
 
 
 def test_unload_ends_the_engine_and_a_reload_serves_again(server, offline):

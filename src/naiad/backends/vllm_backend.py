@@ -252,8 +252,9 @@ class VllmBackend:
         loop = asyncio.get_running_loop()
         adapter = await loop.run_in_executor(None, VllmAdapter.from_settings, settings, report)
         await adapter.load_tokenizer()
-        return VllmInstance(spec.name, adapter, config.name, labels={"model": config.name, "version": str(source.version)},
-                            metrics=getattr(source.server, "metrics", None))
+        labels = {"model": config.name, "version": str(source.version)}
+        metrics = getattr(source.server, "metrics", None)
+        return VllmInstance(spec.name, adapter, config.name, labels=labels, metrics=metrics)
 
 
 def _parameter(config: mc.ModelConfig, key: str) -> str:
