@@ -374,6 +374,7 @@ def test_unload_ends_the_engine_and_a_reload_serves_again(server, offline):
     while _engine_processes(server) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _engine_processes(server)  # vLLM's engine core process ended with the unload
+    assert "output_handler failed" not in "".join(server.output)  # its output task was stopped first
     assert "vllm:num_requests_running{" not in _metrics_text(server)  # the families left with the model
     status, body = _post(f"http://{server.http_url}/v2/repository/models/{MODEL}/load", {})
     assert status == 200, body

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import inspect
 import logging
 import uuid
@@ -91,11 +92,7 @@ class VllmAdapter:
     @classmethod
     def from_settings(cls, settings: dict[str, Any], report_metrics: bool = False) -> VllmAdapter:
         """Blocking: build AsyncEngineArgs from model.json and start the engine (raises ConfigError)."""
-        try:
-            from vllm import AsyncEngineArgs, SamplingParams
-        except ImportError as exc:
-            raise ConfigError(NOT_INSTALLED.format(error=exc)) from None
-        engine_class = _engine_class()
+        AsyncEngineArgs, SamplingParams, engine_class = _vllm_api()  # noqa: N806 (vLLM's class names)
         try:
             args = AsyncEngineArgs(**settings)
         except TypeError as exc:
@@ -105,11 +102,10 @@ class VllmAdapter:
         if loggers is not None and getattr(args, "disable_log_stats", False):
             log.warning("%s is set but model.json has \"disable_log_stats\": true: vLLM reports no stats, "
                         "so there are no vllm: metrics", REPORT_METRICS_PARAMETER)
-        if loggers is not None and "stat_loggers" in inspect.signature(engine_class.from_engine_args).parameters:
-            engine = engine_class.from_engine_args(args, stat_loggers=[loggers])
-        else:
-            engine = engine_class.from_engine_args(args)
-        return cls(engine, SamplingParams, client_errors=_client_errors(), stats=made[0] if made else None)
+        # No local names the engine: vLLM keeps a frame of the engine's start-up alive, and with it
+        # (through f_back) this one, whose locals would then keep the engine after shutdown.
+        return cls(_start_engine(engine_class, args, loggers), SamplingParams, client_errors=_client_errors(),
+                   stats=made[0] if made else None)
 
     async def load_tokenizer(self) -> None:
         getter = getattr(self.engine, "get_tokenizer", None)
@@ -159,25 +155,47 @@ class VllmAdapter:
     def healthy(self) -> bool:
         return not bool(getattr(self.engine, "errored", False))
 
-    def shutdown(self) -> None:
-        """Blocking: stops the engine core process (run it off the event loop).
+    async def close(self) -> None:
+        """Stops the engine: its output task first (on the loop, so it does not report the engine
+        core's exit as an error), then the engine core process (blocking, off the loop)."""
+        handler = getattr(self.engine, "output_handler", None)
+        if isinstance(handler, asyncio.Task):
+            handler.cancel()
+            with contextlib.suppress(BaseException):
+                await handler
+        await asyncio.get_running_loop().run_in_executor(None, self.shutdown)
 
-        The engine is dropped here too: vLLM's AsyncLLM.__del__ shuts down again, which fails when
-        it runs as late as interpreter exit."""
+    def shutdown(self) -> None:
+        """Blocking: stops the engine core process.
+
+        The engine is dropped and collected here too (AsyncLLM sits in reference cycles): its
+        __del__ shuts down again, which is harmless now but fails at interpreter exit."""
         engine, self.engine = self.engine, None
         stop = getattr(engine, "shutdown", None)
         if stop is not None:
             stop()
+            del engine, stop
+            gc.collect()
 
 
-def _engine_class() -> Any:
-    """AsyncLLM (vLLM's V1 engine); AsyncLLMEngine, its alias in vllm.engine, where that is what there is."""
+def _vllm_api() -> tuple[Any, Any, Any]:
+    """AsyncEngineArgs, SamplingParams and the engine class: AsyncLLM (vLLM's V1 engine), or AsyncLLMEngine,
+    its alias in vllm.engine, where that is what there is."""
     try:
-        from vllm.v1.engine.async_llm import AsyncLLM
-        return AsyncLLM
+        from vllm import AsyncEngineArgs, SamplingParams
+    except ImportError as exc:
+        raise ConfigError(NOT_INSTALLED.format(error=exc)) from None
+    try:
+        from vllm.v1.engine.async_llm import AsyncLLM as engine_class
     except ImportError:
-        from vllm.engine.async_llm_engine import AsyncLLMEngine
-        return AsyncLLMEngine
+        from vllm.engine.async_llm_engine import AsyncLLMEngine as engine_class
+    return AsyncEngineArgs, SamplingParams, engine_class
+
+
+def _start_engine(engine_class: Any, args: Any, stat_logger: Callable[..., Any] | None) -> Any:
+    if stat_logger is not None and "stat_loggers" in inspect.signature(engine_class.from_engine_args).parameters:
+        return engine_class.from_engine_args(args, stat_loggers=[stat_logger])
+    return engine_class.from_engine_args(args)
 
 
 def _client_errors() -> tuple[type[BaseException], ...]:
@@ -361,7 +379,7 @@ class VllmInstance:
             self._watcher.cancel()
             with contextlib.suppress(BaseException):
                 await self._watcher
-        await asyncio.get_running_loop().run_in_executor(None, self.adapter.shutdown)
+        await self.adapter.close()
 
 
 def _refuser(index: int, respond: ResponseCallback) -> Callable[[str], None]:

@@ -319,3 +319,24 @@ def test_instance_publishes_vllm_metrics_while_loaded():
 
     names, left = asyncio.run(run())
     assert "vllm:num_requests_running" in names and left == []
+
+
+def test_close_stops_the_output_task_before_shutting_the_engine_down():
+    class EngineWithOutputTask(FakeEngine):
+        def __init__(self) -> None:
+            super().__init__([])
+            self.output_handler = asyncio.get_running_loop().create_task(asyncio.Event().wait())
+            self.shut_with_handler_done: bool | None = None
+
+        def shutdown(self) -> None:
+            self.shut_with_handler_done = self.output_handler.done()
+
+    async def run():
+        engine = EngineWithOutputTask()
+        adapter = VllmAdapter(engine, _sampling_params)
+        await VllmInstance("m_0", adapter, "m").aclose()
+        return engine, adapter
+
+    engine, adapter = asyncio.run(run())
+    assert engine.output_handler.cancelled() and engine.shut_with_handler_done is True
+    assert adapter.engine is None  # dropped, so vLLM's __del__ does not run at interpreter exit
