@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from tests.support.onnx_models import add_sub_model
+from tests.support.onnx_models import add_sub_model, slow_model
 from tests.support.servers import RunningServer, client_error, start_server
 
 # A lone request waits this long for company: it is still queued when its client gives up.
@@ -30,6 +30,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("cancelled_counted") / "models"
     for name in MODELS:
         add_sub_model(repo, name, dims=4, scheduler=QUEUED)
+    slow_model(repo, "grpc_executing", matmuls=240)  # about a second per execution
     with start_server(repo) as running:
         yield running
 
@@ -114,3 +115,24 @@ def test_http_client_gone_while_queued(server: RunningServer) -> None:
         _wait_for_pending(server, "http_gone", 1)
     _assert_one_canceled_failure(server, "http_gone")
     assert not [line for line in server.output if "Traceback" in line]
+
+
+def test_grpc_deadline_while_executing(server: RunningServer) -> None:
+    """The execution runs to its end and is counted; the next request waits for the instance meanwhile."""
+    x = grpcclient.InferInput("X", [1], "FP32")
+    x.set_data_from_numpy(np.ones(1, np.float32))
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        error = client_error(client.infer, "grpc_executing", [x], client_timeout=0.3)
+        assert error.status() == "StatusCode.DEADLINE_EXCEEDED"
+        assert client.infer("grpc_executing", [x]).as_numpy("Y").tolist() == pytest.approx([1.0])
+        stats = client.get_inference_statistics("grpc_executing", as_json=True)["model_stats"][0]
+    assert (int(stats["execution_count"]), int(stats["inference_count"])) == (2, 2)
+    inference = stats["inference_stats"]
+    assert int(inference["success"]["count"]) == 1 and int(inference["fail"]["count"]) == 1
+    # The second request was queued until the cancelled execution released the instance.
+    assert int(inference["queue"]["ns"]) >= 200_000_000
+    for reason, expected in (("CANCELED", 1), ("REJECTED", 0), ("BACKEND", 0), ("OTHER", 0)):
+        assert _metric(server, "nv_inference_request_failure", "grpc_executing", reason) == expected, reason
+    assert _metric(server, "nv_inference_request_success", "grpc_executing") == 1
+    assert _metric(server, "nv_inference_exec_count", "grpc_executing") == 2
+    assert _metric(server, "nv_inference_count", "grpc_executing") == 2

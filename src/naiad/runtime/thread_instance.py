@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 
@@ -70,6 +72,7 @@ class InstancePool:
         self._idle: asyncio.Queue[ThreadInstance] = asyncio.Queue()
         for inst in instances:
             self._idle.put_nowait(inst)
+        self._executions: set[asyncio.Task[None]] = set()
 
     async def acquire(self):  # -> ThreadInstance | RequestModelInstance
         return await self._idle.get()
@@ -84,10 +87,34 @@ class InstancePool:
     def release(self, instance) -> None:
         self._idle.put_nowait(instance)
 
+    def run(self, instance, execution: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run an execution on an acquired instance as a task of its own, then release the instance.
+
+        Whoever awaits the task may stop waiting (its request was cancelled): the execution goes on,
+        and the instance becomes idle only once it has really ended, never while its thread or worker
+        is still busy with it.
+        """
+        task = asyncio.get_running_loop().create_task(self._hold(instance, execution))
+        self._executions.add(task)
+        task.add_done_callback(self._executions.discard)
+        return task
+
+    async def _hold(self, instance, execution: Coroutine[Any, Any, None]) -> None:
+        try:
+            await execution
+        finally:
+            self.release(instance)
+
+    async def _wait_for_executions(self) -> None:
+        """Executions whose requests were all cancelled may outlive their scheduler: close waits for them."""
+        while self._executions:
+            await asyncio.gather(*self._executions, return_exceptions=True)
+
     def healthy(self) -> bool:
         return all(getattr(inst, "healthy", lambda: True)() for inst in self.instances)
 
     async def close(self) -> None:
+        await self._wait_for_executions()
         for inst in self.instances:
             if isinstance(inst, ThreadInstance):
                 inst.close()

@@ -7,7 +7,7 @@ import asyncio
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.runtime.thread_instance import InstancePool
-from naiad.scheduling.base import WorkItem, execute_batch
+from naiad.scheduling.base import WorkItem, run_batch
 
 
 class DirectScheduler:
@@ -27,6 +27,9 @@ class DirectScheduler:
         try:
             await self._run(item)
             return await item.future
+        except asyncio.CancelledError:
+            item.abandon()
+            raise
         finally:
             self._inflight -= 1
 
@@ -36,10 +39,7 @@ class DirectScheduler:
             instance = await self._pool.acquire()
         finally:
             self._waiting -= 1
-        try:
-            await execute_batch(instance, [item], self._batching, self._stats)
-        finally:
-            self._pool.release(instance)
+        await run_batch(self._pool, instance, [item], self._batching, self._stats)
 
     def _reschedule(self, item: WorkItem) -> None:
         """The backend released the request with RESCHEDULE: it runs again on the next free instance.

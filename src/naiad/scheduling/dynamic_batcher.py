@@ -13,7 +13,7 @@ from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
 from naiad.runtime.thread_instance import InstancePool
-from naiad.scheduling.base import Instance, WorkItem, can_join, execute_batch
+from naiad.scheduling.base import WorkItem, can_join, execute_batch, run_batch
 from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, PriorityLevel, build_levels, level_index
 
 
@@ -53,8 +53,11 @@ class DynamicBatcher:
                 # Nothing queued and an instance idle: run now, without a hop through the batching loop.
                 self._inflight += 1
                 try:
-                    await self._execute(instance, [item])
+                    await run_batch(self._pool, instance, [item], self._batching, self._stats)
                     return await item.future
+                except asyncio.CancelledError:
+                    item.abandon()
+                    raise
                 finally:
                     self._inflight -= 1
         timer = None
@@ -216,15 +219,9 @@ class DynamicBatcher:
                 self._pool.release(instance)
                 raise
             self._take(items)
-            task = self._loop.create_task(self._execute(instance, items))
+            task = self._pool.run(instance, execute_batch(instance, items, self._batching, self._stats))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
-
-    async def _execute(self, instance: Instance, items: list[WorkItem]) -> None:
-        try:
-            await execute_batch(instance, items, self._batching, self._stats)
-        finally:
-            self._pool.release(instance)
 
     async def stop(self) -> None:
         self._loop_task.cancel()

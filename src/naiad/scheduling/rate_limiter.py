@@ -97,6 +97,7 @@ class RateLimitedPool(InstancePool):
         self._limiter.release(self, instance)
 
     async def close(self) -> None:
+        await self._wait_for_executions()  # their instances hand their resources back to the limiter first
         self._limiter.unregister(self)
         await super().close()
 

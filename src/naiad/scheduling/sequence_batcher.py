@@ -19,7 +19,7 @@ from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg, unavailable
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool
-from naiad.scheduling.base import WorkItem, execute_batch
+from naiad.scheduling.base import WorkItem, run_batch
 
 _Kind = mc.ModelSequenceBatching.Control
 
@@ -265,10 +265,7 @@ class SequenceBatcher:
             if self._direct and self._batching:
                 batch = self._pad_slots(index, items)
             instance = await self._pool.acquire()
-            try:
-                await execute_batch(instance, batch, self._batching, self._stats)
-            finally:
-                self._pool.release(instance)
+            await run_batch(self._pool, instance, batch, self._batching, self._stats)
             for sequence, item in items:
                 self._after(sequence, item)
 
