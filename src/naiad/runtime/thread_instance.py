@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +31,7 @@ class ThreadInstance:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"naiad-{instance.name}")
         self._threshold = inline_threshold_ns
         self._average_ns = float(inline_threshold_ns * 10)  # start on the thread until measured
+        self._unfinished: concurrent.futures.Future | None = None
 
     @property
     def inline(self) -> bool:
@@ -42,8 +44,19 @@ class ThreadInstance:
                 return self.instance.execute(batch)
             finally:
                 self._observe(time.perf_counter_ns() - start)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._timed, batch)
+        running = self._executor.submit(self._timed, batch)
+        try:
+            return await asyncio.wrap_future(running)
+        except asyncio.CancelledError:
+            # The caller gave up; the thread cannot be stopped. The instance stays busy until it ends
+            # (a submission not started yet is cancelled with the awaited future and ends at once).
+            self._unfinished = running
+            raise
+
+    def take_unfinished(self) -> concurrent.futures.Future | None:
+        """After a cancelled execute: the execution still running on the thread (None if none)."""
+        running, self._unfinished = self._unfinished, None
+        return running
 
     def _timed(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
         # CPU time of this thread, not wall time: after the framework returns, the thread may wait
@@ -72,7 +85,7 @@ class InstancePool:
         self._idle: asyncio.Queue[ThreadInstance] = asyncio.Queue()
         for inst in instances:
             self._idle.put_nowait(inst)
-        self._executions: set[asyncio.Task[None]] = set()
+        self._executions: set[asyncio.Future] = set()  # executions the pool waits for before closing
 
     async def acquire(self):  # -> ThreadInstance | RequestModelInstance
         return await self._idle.get()
@@ -104,6 +117,31 @@ class InstancePool:
             await execution
         finally:
             self.release(instance)
+
+    def release_when_finished(self, instance, unfinished: asyncio.Future | concurrent.futures.Future | None,
+                              on_finished: Callable[[], None]) -> None:
+        """An execution's caller was cancelled: release the instance (and call on_finished) only once the
+        execution still running on its thread or worker has ended; at once when nothing is running."""
+        if unfinished is None or unfinished.done():
+            self.release(instance)
+            return
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        self._executions.add(ended)
+
+        def finished() -> None:
+            self._executions.discard(ended)
+            try:
+                on_finished()
+            finally:
+                self.release(instance)
+                if not ended.done():
+                    ended.set_result(None)
+
+        if isinstance(unfinished, concurrent.futures.Future):
+            unfinished.add_done_callback(lambda _: loop.call_soon_threadsafe(finished))
+        else:
+            unfinished.add_done_callback(lambda _: finished())
 
     async def _wait_for_executions(self) -> None:
         """Executions whose requests were all cancelled may outlive their scheduler: close waits for them."""

@@ -102,20 +102,30 @@ async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem
     not stop the execution, which runs to the end on the instance's thread or worker anyway: the
     instance stays busy until then and the execution is counted in the statistics like any other.
     The responses of requests whose futures were cancelled are dropped (WorkItem.deliver).
+    Instances that can name their unfinished work after a cancellation (`take_unfinished`: thread
+    instances, Python-backend workers) run in the caller at no extra cost; any other runs as a task
+    of the pool's, shielded from the caller (an extra task and two loop hops per execution).
     """
-    if _runs_inline(instance):
-        try:
-            await execute_batch(instance, items, batching, stats)
-        finally:
-            pool.release(instance)
+    take = getattr(instance, "take_unfinished", None)
+    if take is None:
+        await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats)))
         return
-    await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats)))
+    start = time.perf_counter_ns()
+    try:
+        await execute_batch(instance, items, batching, stats)
+    except asyncio.CancelledError:
+        unfinished = take()
 
+        def count() -> None:  # the execution ran to its end: an execution like any other
+            rows = sum(it.batch_size for it in items)
+            stats.record_execution(rows if batching else len(items), len(items), 0, time.perf_counter_ns() - start, 0)
 
-def _runs_inline(instance: Instance) -> bool:
-    """An execution inline on the event loop never yields, so no cancellation can interrupt it: it can
-    skip the task of its own (5-15 us per execution; these executions take less than 100 us)."""
-    return isinstance(instance, ThreadInstance) and instance.inline
+        pool.release_when_finished(instance, unfinished, count)
+        raise
+    except BaseException:
+        pool.release(instance)
+        raise
+    pool.release(instance)
 
 
 async def execute_batch(instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:

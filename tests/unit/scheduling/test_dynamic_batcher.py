@@ -177,7 +177,10 @@ def test_request_timeout_override_only_when_allowed():
 
 
 def test_delay_action_batches_expired_requests_last():
-    policy = mc.ModelQueuePolicy(default_timeout_microseconds=20_000, timeout_action=mc.ModelQueuePolicy.DELAY)
+    # Item 2 overrides the 20 ms timeout with 60 s: on a loaded machine it must not expire too
+    # before the gate opens (that would put it in the delayed list behind item 1).
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=20_000, timeout_action=mc.ModelQueuePolicy.DELAY,
+                                 allow_timeout_override=True)
 
     async def body(batcher, rec):
         rec.gate.clear()
@@ -188,7 +191,7 @@ def test_delay_action_batches_expired_requests_last():
             if any(level.delayed for level in batcher._levels):
                 break
             await asyncio.sleep(0.005)
-        fresh = asyncio.create_task(batcher.enqueue(_item(2)))
+        fresh = asyncio.create_task(batcher.enqueue(_item(2, timeout_us=60_000_000)))
         await asyncio.sleep(0.01)
         rec.gate.set()
         await asyncio.gather(first, late, fresh)

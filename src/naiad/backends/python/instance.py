@@ -88,6 +88,7 @@ class PythonInstance:
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
         self._pipeline: collections.deque[asyncio.Future] = collections.deque()
         self._unstarted: list[tuple] = []  # queued at a worker that died before running them
+        self._unfinished: asyncio.Future | None = None  # a batch whose caller was cancelled mid-execute
 
     # ------------------------------------------------------------ worker management
 
@@ -190,7 +191,11 @@ class PythonInstance:
         if session.info.get("async_execute"):
             return  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
-            await done
+            try:
+                await asyncio.shield(done)  # a cancelled caller must not cancel the batch's own future
+            except asyncio.CancelledError:
+                self._unfinished = done  # the worker still runs it: the instance is busy until it ends
+                raise
             return
         # Default scheduler: the next request is already queued in the worker's socket while this one
         # runs, so the worker goes from one execute to the next without sleeping in between (and both
@@ -198,9 +203,17 @@ class PythonInstance:
         pipeline = self._pipeline
         pipeline.append(done)
         while len(pipeline) >= PIPELINE_DEPTH:
+            # A cancelled caller here cancels pipeline[0], an earlier batch's future: harmless, the
+            # worker answers it all the same (responses go through `respond`) and the window opens
+            # one batch early. Shielding every wait would cost a loop hop per request.
             await pipeline[0]
             while pipeline and pipeline[0].done():
                 pipeline.popleft()
+
+    def take_unfinished(self) -> asyncio.Future | None:
+        """After a cancelled execute_requests: the batch the worker still runs (None if none)."""
+        unfinished, self._unfinished = self._unfinished, None
+        return unfinished
 
     def healthy(self) -> bool:
         session = self._serving
