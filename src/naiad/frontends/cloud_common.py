@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.http.body import Receive, RequestHeaders, read_body
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import parse_header_length
 from naiad.frontends.http.infer_handler import infer_payload
@@ -65,7 +65,7 @@ class CloudInfer:
         server = self.server
         headers = RequestHeaders.from_scope(scope)
         try:
-            body = await read_body(receive, headers, server.config.http_max_input_size, server.config.http_body_timeout_secs)
+            body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
             header_length = header_length_from_mime(content_type(scope), self.binary_mime, len(body))
             payload, json_length = await infer_payload(server, model, version, body, header_length, scope, self.forward_headers)
         except ClientDisconnected:
@@ -100,7 +100,7 @@ async def read_json_object(scope: dict[str, Any], receive: Receive, server: Serv
     import orjson
 
     headers = RequestHeaders.from_scope(scope)
-    body = await read_body(receive, headers, server.config.http_max_input_size, server.config.http_body_timeout_secs)
+    body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
     if not body.strip():
         return {}
     try:

@@ -51,6 +51,12 @@ class RequestHeaders:
         return self.chunked or (self.declared_length() or 0) > 0
 
 
+def body_timeout(scope: dict[str, Any], configured: float) -> float | None:
+    """The body deadline read_body should keep: None when the server enforces it itself (Naiad's own
+    connection, scope extension `naiad.body_deadline`), which also lets the read run outside a task."""
+    return None if "naiad.body_deadline" in scope.get("extensions", ()) else configured
+
+
 async def read_body(receive: Receive, headers: RequestHeaders, limit: int, timeout: float | None) -> bytes:
     """The whole request body, refused (400, connection closed) past `limit` bytes or `timeout` seconds
     (None: the server enforces the body deadline itself)."""

@@ -13,7 +13,11 @@ protocol is built for the inference path instead:
 - request headers are bounded in bytes (431).
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
-`naiad.on_disconnect` (register a callback run if the client goes away before the answer).
+`naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
+request's work is cancelled).
+The app's first step runs at once, once the request's bytes at hand are parsed (as an eager task
+would): a request that never waits needs no task, and an infer request reaches the scheduler in
+the same event-loop turn; a request that waits gets its task when what it waits for is done.
 It is plugged into uvicorn's server (`http=` setting), which still binds, terminates TLS and
 drives graceful shutdown through `server_state.connections` / `server_state.tasks`.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextvars
 import http
 import logging
 import urllib.parse
@@ -57,7 +62,7 @@ class Exchange:
     __slots__ = (
         "conn", "scope", "chunks", "unread", "received", "more_body", "body_taken", "waiter", "disconnected", "expect_continue",
         "keep_alive", "started", "complete", "head", "chunked", "remaining", "head_only", "body_deadline",
-        "disconnect_callback",
+        "disconnect_callback", "task", "awaited",
     )
 
     def __init__(self, conn: HttpConnection, scope: dict[str, Any], keep_alive: bool, expect_continue: bool) -> None:
@@ -80,6 +85,8 @@ class Exchange:
         self.head_only = scope["method"] == "HEAD"
         self.body_deadline = 0.0  # while the body is incomplete: when it is late
         self.disconnect_callback: Callable[[], None] | None = None
+        self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
+        self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
         scope["extensions"] = {"naiad.body_deadline": {}, "naiad.on_disconnect": self.on_disconnect}
 
     # ------------------------------------------------------------ request side (parser -> app)
@@ -111,9 +118,20 @@ class Exchange:
         callback, self.disconnect_callback = self.disconnect_callback, None
         if callback is not None and not self.complete:
             callback()
+            self.cancel_work()
+
+    def cancel_work(self) -> None:
+        """Cancel the app's task, or what its first step waits on (which then starts the task that
+        delivers the CancelledError)."""
+        if self.task is not None:
+            if not self.task.done():
+                self.task.cancel()
+        elif self.awaited is not None:
+            self.awaited.cancel()
 
     def on_disconnect(self, callback: Callable[[], None] | None) -> None:
-        """Run `callback` if the connection is lost before the response is complete (None: forget it)."""
+        """Run `callback` if the connection is lost before the response is complete, then cancel the
+        request's work (None: forget it)."""
         self.disconnect_callback = callback
 
     async def receive(self) -> dict[str, Any]:
@@ -278,6 +296,7 @@ class HttpConnection(asyncio.Protocol):
         self.active: Exchange | None = None  # the exchange whose app runs (or ran) and owns the response
         self.parsing: Exchange | None = None  # the exchange whose request is being parsed
         self.pipeline: collections.deque[Exchange] = collections.deque()
+        self._to_launch: Exchange | None = None  # started once the bytes at hand are parsed
         self.upgrade_seen = False
         # request being parsed
         self._url = b""
@@ -329,8 +348,13 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.upgrade_seen = True  # no protocol switch here: answered as plain HTTP, then closed
         except httptools.HttpParserError:
+            self._to_launch = None
             self._reject(400, "Invalid HTTP request received.")
             return
+        if self._to_launch is not None:
+            exchange, self._to_launch = self._to_launch, None
+            if not self.closing:
+                self._launch(exchange)
         if self._in_headers and not self.closing:
             # Count only chunks made of header bytes from end to end: a chunk that began a request
             # may carry the previous request's body, so the bound is the limit plus one read.
@@ -420,8 +444,38 @@ class HttpConnection(asyncio.Protocol):
     # ------------------------------------------------------------ exchanges
 
     def _start(self, exchange: Exchange) -> None:
+        """Make `exchange` the active one; its app starts once the bytes at hand are parsed, so a
+        small request's first step sees its whole body."""
         self.active = exchange
-        task = self.loop.create_task(exchange.run(self.app))
+        self._to_launch = exchange
+
+    def _launch(self, exchange: Exchange) -> None:
+        """Run the app's first step now; give it a task only when it has to wait."""
+        coroutine = exchange.run(self.app)
+        context = contextvars.copy_context()
+        try:
+            awaited = context.run(coroutine.send, None)
+        except StopIteration:
+            return
+        except BaseException:  # run() handles the app's errors: this is ours
+            logger.exception("HTTP exchange failed to start")
+            self.abort()
+            return
+        if getattr(awaited, "_asyncio_future_blocking", False):
+            awaited._asyncio_future_blocking = False
+            exchange.awaited = awaited
+            awaited.add_done_callback(lambda _: self._resume(exchange, coroutine, context))
+        else:  # a bare yield (asyncio.sleep(0)): the task goes on from there
+            self._resume(exchange, coroutine, context)
+
+    def _launch_pipelined(self, exchange: Exchange) -> None:
+        if not self.closing:
+            self._launch(exchange)
+
+    def _resume(self, exchange: Exchange, coroutine: Any, context: contextvars.Context) -> None:
+        exchange.awaited = None
+        task = self.loop.create_task(coroutine, context=context)
+        exchange.task = task
         tasks = self.server_state.tasks
         tasks.add(task)
         task.add_done_callback(tasks.discard)
@@ -441,9 +495,11 @@ class HttpConnection(asyncio.Protocol):
         if self.closing:
             return
         if self.pipeline:
-            self._start(self.pipeline.popleft())
+            exchange = self.pipeline.popleft()
+            self.active = exchange
             if not self.pipeline:
                 self.resume_reading()
+            self.loop.call_soon(self._launch_pipelined, exchange)  # not inside the finished app's own step
         elif self.shutting_down:
             self.close()
         else:

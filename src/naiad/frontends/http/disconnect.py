@@ -19,30 +19,31 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str
     """Await `work` (after the whole body was read); if the client disconnects first, cancel it.
 
     Cancelling reaches the scheduler: a request still queued is dropped and never executes.
-    Naiad's own connection (connection.py) calls back on a lost connection (`naiad.on_disconnect`
-    in the scope's extensions). Under another ASGI server: after the body, receive() only returns
-    when the connection is lost (or the response is complete), so a watcher task, started once the
-    work has taken WATCH_AFTER_S, waits on it and cancels this task.
+    Naiad's own connection (connection.py) calls back on a lost connection and then cancels the
+    request's work itself (`naiad.on_disconnect` in the scope's extensions; this may run before the
+    request has a task). Under another ASGI server: after the body, receive() only returns when the
+    connection is lost (or the response is complete), so a watcher task, started once the work has
+    taken WATCH_AFTER_S, waits on it and cancels this task.
     """
-    task = asyncio.current_task()
-    assert task is not None
     gone = False
     hook = scope.get("extensions", {}).get("naiad.on_disconnect") if scope is not None else None
     if hook is not None:
         def lost() -> None:
             nonlocal gone
             gone = True
-            task.cancel()
 
         hook(lost)
         try:
             return await work
         except asyncio.CancelledError:
-            if gone and task.uncancel() == 0:
+            current = asyncio.current_task()
+            if gone and (current is None or current.uncancel() == 0):
                 raise ClientDisconnected() from None
             raise
         finally:
             hook(None)
+    task = asyncio.current_task()
+    assert task is not None
     loop = asyncio.get_running_loop()
     watcher: asyncio.Task | None = None
 

@@ -8,7 +8,7 @@ from typing import Any, Awaitable, Callable
 import orjson
 from starlette.routing import Route
 
-from naiad.frontends.http.body import Receive, RequestHeaders, read_body
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.responses import Reply, Send, error_reply, send_error, send_reply
 from naiad.protocol.errors import NaiadError, invalid_arg
@@ -33,7 +33,7 @@ class RouteRequest:
         return self.scope.get("path_params", {}).get(name, "") or ""
 
     async def body(self) -> bytes:
-        data = await read_body(self.receive, self.headers, self.limit, self.timeout)
+        data = await read_body(self.receive, self.headers, self.limit, body_timeout(self.scope, self.timeout))
         self.body_consumed = True
         return data
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from naiad.frontends.http.body import Receive, RequestHeaders, read_body
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_params import apply_request_parameters
 from naiad.frontends.http.responses import JSON, Send, send_error
@@ -114,7 +114,7 @@ class GenerateHandler:
         try:
             if headers.content_encoding not in (None, b"identity"):
                 raise invalid_arg(f"unsupported Content-Encoding '{headers.content_encoding.decode(errors='replace')}' for generate")
-            body = await read_body(receive, headers, server.config.http_max_input_size, server.config.http_body_timeout_secs)
+            body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError as exc:

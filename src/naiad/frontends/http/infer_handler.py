@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.http.body import Receive, RequestHeaders, decompress_body, read_body
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, decompress_body, read_body
 from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
@@ -59,9 +59,7 @@ class InferHandler:
         server = self.server
         limit = server.config.http_max_input_size
         try:
-            # Naiad's connection answers a late body itself: no timer of our own for every request.
-            deadline = None if "naiad.body_deadline" in scope.get("extensions", ()) else server.config.http_body_timeout_secs
-            body = await read_body(receive, headers, limit, deadline)
+            body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
-from naiad.frontends.http.body import Receive, RequestHeaders, read_body
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError
 from naiad.frontends.http.responses import JSON, Send
 from naiad.frontends.openai.schema import GenerationRequest, RequestError, parse_chat, parse_completion
@@ -133,7 +133,7 @@ class OpenAIApp:
     async def _generate(self, scope: dict[str, Any], receive: Receive, send: Send, chat: bool) -> None:
         config = self.server.config
         body = await read_body(receive, RequestHeaders.from_scope(scope), config.http_max_input_size,
-                               config.http_body_timeout_secs)
+                               body_timeout(scope, config.http_body_timeout_secs))
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
