@@ -47,6 +47,11 @@ async def app(scope, receive, send) -> None:
         scope["extensions"]["naiad.on_disconnect"](gone.set)
         await asyncio.wait_for(gone.wait(), 10)
         DISCONNECTS.append(scope["path"])
+    elif path == "/task":  # reports whether the app's first step runs in a task (it need not)
+        await _read_all(receive)
+        answer = b"task" if asyncio.current_task() is not None else b"no task"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
     elif path == "/disconnects":
         answer = str(len(DISCONNECTS)).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
@@ -217,3 +222,17 @@ def test_the_disconnect_callback_runs_when_the_client_leaves(port):
             return
         time.sleep(0.05)
     raise AssertionError("the disconnect callback did not run")
+
+
+def test_a_request_that_never_waits_runs_without_a_task(port):
+    answer = _exchange(port, b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
+    assert answer.endswith(b"\r\n\r\nno task")
+    # Headers first, body later: the first step waits for the body, then goes on in a task.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
+        time.sleep(0.1)
+        conn.sendall(b"hi")
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    assert data.endswith(b"\r\n\r\ntask")
