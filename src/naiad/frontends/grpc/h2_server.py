@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 import grpc
 
+from naiad.frontends.first_step import run_first_step
 from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
 from naiad.frontends.grpc.h2_stream import Stream
@@ -99,18 +100,9 @@ class H2GrpcServer:
         # The handler's first step runs now, as an eager task would: calls that finish without
         # waiting (health, metadata) need no task, and an infer request reaches the scheduler in
         # this event-loop turn. A call that waits gets its task when what it waits for is done.
-        coro = self.run_call(conn, stream, request)
-        context = contextvars.copy_context()
-        try:
-            awaited = context.run(coro.send, None)
-        except StopIteration:
-            return
-        if getattr(awaited, "_asyncio_future_blocking", False):
-            awaited._asyncio_future_blocking = False
+        awaited = run_first_step(self.run_call(conn, stream, request), lambda coro, ctx: self._resume(stream, coro, ctx))
+        if awaited is not None:
             stream.awaited = awaited
-            awaited.add_done_callback(lambda _: self._resume(stream, coro, context))
-        else:  # a bare yield (asyncio.sleep(0)): the task goes on from there
-            stream.task = self.loop.create_task(coro, context=context)
 
     def _resume(self, stream: Stream, coro: Any, context: contextvars.Context) -> None:
         stream.awaited = None

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 import httptools
 
+from naiad.frontends.first_step import run_first_step
 from naiad.frontends.http.errors import error_body
 
 logger = logging.getLogger("naiad.http")
@@ -451,22 +452,14 @@ class HttpConnection(asyncio.Protocol):
 
     def _launch(self, exchange: Exchange) -> None:
         """Run the app's first step now; give it a task only when it has to wait."""
-        coroutine = exchange.run(self.app)
-        context = contextvars.copy_context()
         try:
-            awaited = context.run(coroutine.send, None)
-        except StopIteration:
-            return
+            awaited = run_first_step(exchange.run(self.app), lambda coro, ctx: self._resume(exchange, coro, ctx))
         except BaseException:  # run() handles the app's errors: this is ours
             logger.exception("HTTP exchange failed to start")
             self.abort()
             return
-        if getattr(awaited, "_asyncio_future_blocking", False):
-            awaited._asyncio_future_blocking = False
+        if awaited is not None:
             exchange.awaited = awaited
-            awaited.add_done_callback(lambda _: self._resume(exchange, coroutine, context))
-        else:  # a bare yield (asyncio.sleep(0)): the task goes on from there
-            self._resume(exchange, coroutine, context)
 
     def _launch_pipelined(self, exchange: Exchange) -> None:
         if not self.closing:
