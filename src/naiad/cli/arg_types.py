@@ -5,15 +5,24 @@ from __future__ import annotations
 import argparse
 
 
-def parse_positive_secs(text: str) -> float:
-    """A duration in seconds that must be more than zero."""
+def _positive(text: str, unit: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{text}'") from None
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got '{text}'") from None
     if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got '{text}'")
+        raise argparse.ArgumentTypeError(f"must be more than 0 {unit}, got '{text}'")
     return value
+
+
+def parse_positive_secs(text: str) -> float:
+    """A duration in seconds that must be more than zero."""
+    return _positive(text, "seconds")
+
+
+def parse_positive_ms(text: str) -> float:
+    """A duration in milliseconds that must be more than zero."""
+    return _positive(text, "milliseconds")
 
 
 def parse_bool(text: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from naiad.cli.arg_types import parse_bool, parse_positive_secs
+from naiad.cli.arg_types import parse_bool, parse_positive_ms, parse_positive_secs
 from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
 from naiad.config.server_config import ServerConfig
 
@@ -65,7 +65,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-config", action="append", default=[], metavar="KEY=VALUE",
                         help="counter_latencies=, histogram_latencies=, summary_latencies=true|false; "
                              "summary_quantiles=<q>:<error>,...")
-    parser.add_argument("--metrics-interval-ms", type=_interval_ms, default=d.metrics_interval_ms,
+    parser.add_argument("--metrics-interval-ms", type=parse_positive_ms, default=d.metrics_interval_ms,
                         help="how often CPU, memory and GPU gauges are sampled (default 2000)")
     _bool_flag(parser, "--allow-cpu-metrics", d.allow_cpu_metrics, "export nv_cpu_* metrics")
     _bool_flag(parser, "--allow-gpu-metrics", d.allow_gpu_metrics, "export nv_gpu_* metrics when a GPU is present")
@@ -143,16 +143,6 @@ def _rate_limit_resources(entries: list[str]) -> list[str]:
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     return list(entries)
-
-
-def _interval_ms(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expects a number of milliseconds, got '{text}'") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got '{text}'")
-    return value
 
 
 def _metrics_config(entries: list[str]) -> dict[str, str]:
