@@ -37,8 +37,8 @@ class HttpApp:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        if await self.guard.refuse(scope, send):
-            return
+        if self.guard.refusal(scope) is not None and await self.guard.refuse(scope, send):
+            return  # (checked without a coroutine first: almost every request passes)
         if scope["method"] == "POST":
             path = scope["path"]
             if path.endswith("/infer"):

@@ -55,6 +55,7 @@ def _status_line(status: int) -> bytes:
 STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
+ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
 
 class Exchange:
@@ -400,14 +401,18 @@ class HttpConnection(asyncio.Protocol):
         self._header_deadline = 0.0
         parser = self.parser
         version = parser.get_http_version()
-        parsed = httptools.parse_url(self._url)
-        raw_path = parsed.path
+        url = self._url
+        if url[:1] == b"/" and b"?" not in url and b"#" not in url:  # the usual origin-form path
+            raw_path, query = url, b""
+        else:
+            parsed = httptools.parse_url(url)
+            raw_path, query = parsed.path, parsed.query or b""
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
         scope = {
             "type": "http",
-            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "asgi": ASGI_VERSION,
             "http_version": version,
             "server": self.server,
             "client": self.client,
@@ -416,7 +421,7 @@ class HttpConnection(asyncio.Protocol):
             "root_path": self.root_path,
             "path": self.root_path + path,
             "raw_path": self.root_path.encode("ascii") + raw_path,
-            "query_string": parsed.query or b"",
+            "query_string": query,
             "headers": self._headers,
             "state": {},
         }
