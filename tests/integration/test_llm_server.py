@@ -16,7 +16,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
-from tests.support.servers import start_server  # noqa: E402
+from tests.support.servers import post_json, start_server  # noqa: E402
 from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
 
 MODEL = "tiny_llm"
@@ -34,12 +34,7 @@ def server(tmp_path_factory):
 
 
 def _post(url: str, doc: dict) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return post_json(url, doc, timeout=60)
 
 
 def _metrics(server) -> str:

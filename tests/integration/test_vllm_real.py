@@ -28,7 +28,7 @@ openai = pytest.importorskip("openai")
 import numpy as np  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
-from tests.support.servers import RunningServer, start_server  # noqa: E402
+from tests.support.servers import RunningServer, post_json, start_server  # noqa: E402
 from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
 from tests.support.vllm_offline import PREFIX as OFFLINE_PREFIX  # noqa: E402
 
@@ -98,12 +98,7 @@ def offline(served) -> dict:
 
 
 def _post(url: str, doc: dict) -> tuple[int, bytes]:
-    request = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
+    return post_json(url, doc, timeout=120)
 
 
 def _metrics_text(server: RunningServer) -> str:

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,3 +108,13 @@ def client_error(call, *args, **kwargs):
     with pytest.raises(InferenceServerException) as info:
         call(*args, **kwargs)
     return info.value
+
+
+def post_json(url: str, doc: dict, timeout: float = 60.0) -> tuple[int, bytes]:
+    """POST a JSON document; (status, body) for any answer, error statuses included."""
+    request = urllib.request.Request(url, json.dumps(doc).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()

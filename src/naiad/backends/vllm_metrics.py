@@ -78,23 +78,22 @@ class VllmStats:
 
 def families(labels: dict[str, str], stats: VllmStats) -> list[Family]:
     """The families Triton's vLLM backend reports (labels model, version), plus its request gauges."""
-    counters = [
-        Family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed."),
-        Family("vllm:generation_tokens_total", "counter", "Number of generation tokens processed."),
-        Family("vllm:num_preemptions_total", "counter", "Number of requests preempted by the engine."),
+    scalars = [
+        ("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", stats.prompt_tokens),
+        ("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.", stats.generation_tokens),
+        ("vllm:num_preemptions_total", "counter", "Number of requests preempted by the engine.", stats.preemptions),
+        ("vllm:num_requests_running", "gauge", "Number of requests currently running on the engine.", stats.running),
+        ("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed.", stats.waiting),
+        ("vllm:kv_cache_usage_perc", "gauge", "KV cache usage (1 means 100 percent usage).", stats.kv_cache_usage),
     ]
-    for family, value in zip(counters, (stats.prompt_tokens, stats.generation_tokens, stats.preemptions)):
+    counters, gauges = [], []
+    for name, kind, help_text, value in scalars:
+        family = Family(name, kind, help_text)
         family.add(labels, value)
+        (counters if kind == "counter" else gauges).append(family)
     success = Family("vllm:request_success_total", "counter", "Count of successfully processed requests.")
     for reason, count in sorted(stats.finished.items()):
         success.add({**labels, "finished_reason": reason}, count)
-    gauges = [
-        Family("vllm:num_requests_running", "gauge", "Number of requests currently running on the engine."),
-        Family("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
-        Family("vllm:kv_cache_usage_perc", "gauge", "KV cache usage (1 means 100 percent usage)."),
-    ]
-    for family, value in zip(gauges, (stats.running, stats.waiting, stats.kv_cache_usage)):
-        family.add(labels, value)
     histograms = [
         (Family("vllm:time_to_first_token_seconds", "histogram", "Histogram of time to first token in seconds."),
          stats.ttft),
