@@ -600,4 +600,3 @@ def _address(value: Any) -> tuple[str, int] | None:
     return None
 
 
-ConnectionFactory = Callable[..., HttpConnection]
