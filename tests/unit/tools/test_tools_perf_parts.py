@@ -2,6 +2,10 @@
 
 import argparse
 import json
+import os
+import threading
+import time
+from multiprocessing import Pipe
 
 import numpy as np
 import pytest
@@ -13,6 +17,7 @@ from naiad.tools.perf.measurement import WindowStats
 from naiad.tools.perf.options import PerfOptions, add_perf_flags, options_from_args, parse_range
 from naiad.tools.perf.payloads import RequestOptions, ShmRef, grpc_payload, http_payload, parse_request_parameter
 from naiad.tools.perf.report import LevelResult, csv_rows
+from naiad.tools.perf.worker import Worker, WorkerSpec
 from naiad.tools.v2client import ModelInfo, StatsSnapshot, TensorSpec, split_url
 
 PERF_ANALYZER_HEADER = ("Concurrency,Inferences/Second,Client Send,Network+Server Send/Recv,Server Queue,"
@@ -192,3 +197,24 @@ def test_csv_has_perf_analyzer_columns_sorted_by_throughput():
     assert verbose_header[:13] == PERF_ANALYZER_HEADER and "Server Request Count" in verbose_header
     rate = LevelResult("rate", 50.0, level(1, 50).measurement, [], True)
     assert csv_rows([rate], False)[0][0] == "Request Rate"
+
+
+def test_a_window_of_records_larger_than_the_pipe_reaches_the_coordinator():
+    # uvloop leaves the worker's end of the pipe non-blocking; a big window once failed with EAGAIN
+    coordinator, worker_end = Pipe()
+    os.set_blocking(worker_end.fileno(), False)
+    worker = Worker(worker_end, WorkerSpec(protocol="http", host="127.0.0.1", port=1, payloads=[b""]))
+    worker.records = [(i, i + 1, 0, 0, 0, 1, 0) for i in range(200_000)]  # ~11 MB pickled
+    received = []
+
+    def coordinator_reads_late():
+        time.sleep(0.2)
+        received.append(coordinator.recv())
+
+    reader = threading.Thread(target=coordinator_reads_late)
+    reader.start()
+    worker._reply("records")
+    reader.join(10)
+    kind, rows, errors, _ = received[0]
+    assert kind == "records" and rows.shape == (200_000, 7) and rows[-1, 1] == 200_000 and errors == 0
+    assert os.get_blocking(worker_end.fileno()) is False  # handed back to the event loop as it was

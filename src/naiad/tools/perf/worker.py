@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import signal
 import time
 from dataclasses import dataclass, field
@@ -351,7 +352,15 @@ class Worker:
             await self._end_live()
 
     def _reply(self, kind: str) -> None:
-        self.conn.send((kind, self._take(), self.errors, self.first_error))
+        # uvloop made the pipe non-blocking for add_reader: a reply larger than the socket buffer
+        # (a window of records) would fail with EAGAIN, so send it in blocking mode; the
+        # coordinator is waiting for exactly this reply and drains it.
+        fd = self.conn.fileno()
+        os.set_blocking(fd, True)
+        try:
+            self.conn.send((kind, self._take(), self.errors, self.first_error))
+        finally:
+            os.set_blocking(fd, False)
         self.errors, self.first_error = 0, ""
 
     async def run(self) -> None:
