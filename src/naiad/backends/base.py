@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import AsyncIterator, Callable
@@ -116,22 +117,29 @@ class BackendResponse:
     # Triton counts a model's error *response* as a successful request and a raised exception
     # (or an execution failure) as a failed one.
     counts_as_failure: bool = True
+    # (start, end) in time.perf_counter_ns() of the execution that produced it, when the backend
+    # measured it itself (a worker process may start a batch well after it was handed over).
+    execution_ns: tuple[int, int] | None = None
 
 
 ResponseCallback = Callable[[int, BackendResponse], None]
+ExecutionTiming = tuple[int, int]
+ExecutionOutcome = ExecutionTiming | asyncio.Future | None
 
 
 class RequestModelInstance(Protocol):
     """An instance that executes requests individually and may respond several times (decoupled).
 
-    `execute_requests` returns when the model's execute returned (the instance is then free for
-    the next batch); `respond(index, response)` may still be called afterwards, on the event loop,
-    until each request got a final response.
+    `execute_requests` returns when the instance is free for the next batch, usually once the
+    model's execute returned; `respond(index, response)` may still be called afterwards, on the
+    event loop, until each request got a final response. It may return the execution's
+    (start, end) in time.perf_counter_ns(), or a future of them when it returns before the
+    execution ended (the statistics then count the execution when it did); None: the caller times it.
     """
 
     name: str
 
-    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None: ...
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome: ...
 
     def healthy(self) -> bool: ...
 

@@ -11,7 +11,8 @@ from typing import Protocol
 
 import numpy as np
 
-from naiad.backends.base import BackendRequest, BackendResponse, ExecutionBatch, RequestModelInstance
+from naiad.backends.base import (BackendRequest, BackendResponse, ExecutionBatch, ExecutionOutcome, ExecutionTiming,
+                                 RequestModelInstance)
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.protocol.types import InferenceRequest
@@ -46,6 +47,9 @@ class WorkItem:
         """Route one response of this request to its waiter (event-loop thread only)."""
         if self.padding:
             return
+        if response.execution_ns is not None:  # the backend timed the execution itself
+            self.dispatch_ns, end = response.execution_ns
+            self.input_end_ns, self.output_start_ns, self.compute_end_ns = self.dispatch_ns, end, end
         if self.stream is not None:
             self.stream.put_nowait(response)
             if response.final and not self.future.done():
@@ -164,8 +168,9 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     def respond(index: int, response: BackendResponse) -> None:
         items[index].deliver(response)
 
+    outcome: ExecutionOutcome = None
     try:
-        await instance.execute_requests(requests, respond)
+        outcome = await instance.execute_requests(requests, respond)
     except Exception as exc:  # the whole batch failed before answering
         error = _as_error(exc)
         for item in items:
@@ -173,8 +178,17 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     rows = sum(it.batch_size for it in items)
     end = time.perf_counter_ns()
     for it in items:
-        it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
-    stats.record_execution(rows if batching else len(items), len(items), 0, end - start, 0)
+        if it.dispatch_ns == start:  # no response timed by the backend (yet)
+            it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
+
+    def count(timing: ExecutionTiming | None) -> None:
+        began, ended = timing or (start, time.perf_counter_ns())
+        stats.record_execution(rows if batching else len(items), len(items), 0, ended - began, 0)
+
+    if isinstance(outcome, asyncio.Future):  # handed over, still running: counted once it ended
+        outcome.add_done_callback(lambda done: count(None if done.cancelled() else done.result()))
+    else:
+        count(outcome or (start, end))
 
 
 async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:

@@ -20,6 +20,7 @@ class DirectScheduler:
         self._inflight = 0
         self._waiting = 0
         self._rescheduled: set[asyncio.Task] = set()
+        self._queued_at_instances = [inst.queued for inst in pool.instances if hasattr(inst, "queued")]
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1
@@ -54,7 +55,8 @@ class DirectScheduler:
         return self._inflight
 
     def pending(self) -> int:
-        return self._waiting
+        # Requests an instance took ahead of executing them (a pipelined Python worker) still wait.
+        return self._waiting + sum(queued() for queued in self._queued_at_instances)
 
     async def stop(self) -> None:
         return None

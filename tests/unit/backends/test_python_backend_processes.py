@@ -196,3 +196,34 @@ def test_request_queued_behind_a_killed_worker_runs_on_its_replacement(tmp_path,
             first.result(30)
         pid = int(second.result(60).output("PID").data[0])
         assert pid != worker and pid_alive(pid)
+
+
+def _run_concurrently(server: Server, model: str, seconds: float, count: int, concurrency: int) -> None:
+    async def client(n: int) -> None:
+        for _ in range(n):
+            await _infer_async(server, model, _sleep_request(seconds))
+
+    async def clients() -> None:
+        await asyncio.gather(*(client(count // concurrency) for _ in range(concurrency)))
+
+    asyncio.run_coroutine_threadsafe(clients(), server._loop).result(120)
+
+
+def test_pipeline_depth_follows_execution_time_and_statistics_stay_the_workers(tmp_path, prefix):
+    """One instance, default scheduler: short executions are handed over several at a time, long ones
+    two at a time; either way the statistics time the worker's execute and count the wait as queue."""
+    write_model(tmp_path, "pids", PID_CONFIG % 1, PID_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        instance = server.models.lookup("pids").pool.instances[0]
+        _run_concurrently(server, "pids", 0.0, 64, 8)
+        assert instance._depth > 2
+        _run_concurrently(server, "pids", 0.02, 16, 8)
+        assert instance._depth == 2
+        stats = server.model_statistics("pids")["model_stats"][0]
+        inference = stats["inference_stats"]
+        assert stats["execution_count"] == 80 and inference["success"]["count"] == 80
+        # 16 executions of >= 20 ms in the worker, although the server handed them over ahead of time
+        assert int(inference["compute_infer"]["ns"]) >= 16 * 20_000_000
+        # 8 clients on one worker: each 20 ms request waited behind others (queue, not compute)
+        assert int(inference["queue"]["ns"]) >= 16 * 20_000_000
+        assert server.models.lookup("pids").scheduler.pending() == 0

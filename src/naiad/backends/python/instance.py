@@ -9,7 +9,8 @@ import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
+from naiad.backends.base import (BackendRequest, BackendResponse, ExecutionOutcome, InstanceSpec, ModelSource,
+                                 ResponseCallback)
 from naiad.backends.python.launcher import Launch
 from naiad.backends.python.session import WorkerSession, WorkerStartError
 from naiad.config.model_config import config_to_json, datatype_name
@@ -22,7 +23,12 @@ KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_
               mc.ModelInstanceGroup.KIND_MODEL: "MODEL", mc.ModelInstanceGroup.KIND_AUTO: "CPU"}
 READY_CHECK_INTERVAL = 1.0
 MAX_RESTART_DELAY = 30.0
-PIPELINE_DEPTH = 2  # batches one worker holds at once under the default scheduler (see execute_requests)
+# Batches one worker holds at once under the default scheduler (see execute_requests): two, and up
+# to PIPELINE_MAX_DEPTH for a model whose executions are short, so that the work handed over ahead
+# stays within about PIPELINE_BUDGET_NS (and a request waits little behind it).
+PIPELINE_DEPTH = 2
+PIPELINE_MAX_DEPTH = 8
+PIPELINE_BUDGET_NS = 1_000_000
 
 
 def _byte_size(settings: dict[str, str], key: str, default: int) -> int:
@@ -87,6 +93,8 @@ class PythonInstance:
         self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
         self._pipeline: collections.deque[asyncio.Future] = collections.deque()
+        self._depth = PIPELINE_DEPTH
+        self._execution_ns = 0.0  # moving average of the worker's execution time
         self._unstarted: list[tuple] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future | None = None  # a batch whose caller was cancelled mid-execute
 
@@ -174,41 +182,55 @@ class PythonInstance:
 
     # ------------------------------------------------------------ RequestModelInstance
 
-    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> None:
+    async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome:
         session = self._serving
         if session is None or not session.alive:
             error = internal(f"Stub process '{self.name}' is not healthy.")
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
-            return
+            return None
         try:
             done = session.submit(requests, respond)
         except Exception as exc:  # packing or sending failed: nothing reached the worker
             error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
-            return
+            return None
         if session.info.get("async_execute"):
-            return  # async execute: the instance takes the next batch while this one runs
+            return done  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
             try:
-                await asyncio.shield(done)  # a cancelled caller must not cancel the batch's own future
+                return await asyncio.shield(done)  # a cancelled caller must not cancel the batch's own future
             except asyncio.CancelledError:
                 self._unfinished = done  # the worker still runs it: the instance is busy until it ends
                 raise
-            return
-        # Default scheduler: the next request is already queued in the worker's socket while this one
-        # runs, so the worker goes from one execute to the next without sleeping in between (and both
-        # processes wake up less often). The worker still runs one execute at a time.
+        # Default scheduler: the next requests are already queued in the worker's socket while this
+        # one runs, so the worker goes from one execute to the next without sleeping in between, and
+        # both processes wake up once for several requests. The worker still runs one execute at a time.
         pipeline = self._pipeline
+        self._settle(pipeline)
         pipeline.append(done)
-        while len(pipeline) >= PIPELINE_DEPTH:
+        while len(pipeline) >= self._depth:
             # A cancelled caller here cancels pipeline[0], an earlier batch's future: harmless, the
             # worker answers it all the same (responses go through `respond`) and the window opens
             # one batch early. Shielding every wait would cost a loop hop per request.
             await pipeline[0]
-            while pipeline and pipeline[0].done():
-                pipeline.popleft()
+            self._settle(pipeline)
+        return done
+
+    def _settle(self, pipeline: collections.deque[asyncio.Future]) -> None:
+        """Drop finished batches from the pipeline; their execution times set its depth."""
+        while pipeline and pipeline[0].done():
+            finished = pipeline.popleft()
+            timing = None if finished.cancelled() else finished.result()
+            if timing is not None:
+                self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
+                affordable = int(PIPELINE_BUDGET_NS // max(self._execution_ns, 1.0))
+                self._depth = max(PIPELINE_DEPTH, min(PIPELINE_MAX_DEPTH, affordable))
+
+    def queued(self) -> int:
+        """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
+        return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0)
 
     def take_unfinished(self) -> asyncio.Future | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""

@@ -283,7 +283,8 @@ class WorkerSession:
     # ------------------------------------------------------------ batches
 
     def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future:
-        """Send one batch; the future resolves when the model's execute returned."""
+        """Send one batch; the future resolves with the execution's (start, end) when execute returned
+        (None when the worker was lost first)."""
         future = asyncio.get_running_loop().create_future()
         groups = []
         input_types = self._input_types
@@ -316,7 +317,7 @@ class WorkerSession:
                 self.pool.release(batch.block)
 
     def _on_done(self, message: tuple) -> None:
-        _, batch_id, block, responses, error, rescheduled = message
+        _, batch_id, block, responses, error, rescheduled, timing = message
         batch = self._batches.get(batch_id)
         if batch is None:
             self.outputs.done_with(block)
@@ -326,7 +327,7 @@ class WorkerSession:
         if error is not None:
             failure = error_of(error)
             for index in sorted(batch.open):
-                batch.respond(index, BackendResponse(None, error=failure, final=True))
+                batch.respond(index, BackendResponse(None, error=failure, final=True, execution_ns=timing))
             batch.open.clear()
         elif responses is not None:
             for index, (metas, parameters, err) in enumerate(responses):
@@ -334,14 +335,15 @@ class WorkerSession:
                     continue
                 batch.open.discard(index)
                 if err is not None:  # an InferenceResponse(error=...): a success in Triton's statistics
-                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True, counts_as_failure=False))
+                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
+                                                         counts_as_failure=False, execution_ns=timing))
                 else:
                     outputs = self.outputs.read(block, metas)
-                    batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True))
+                    batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True, execution_ns=timing))
         self.outputs.done_with(block)
         batch.done = True
         if not batch.future.done():
-            batch.future.set_result(None)
+            batch.future.set_result(timing)
         self._close_if_complete(batch_id, batch)
 
     def _reschedule(self, batch: _Batch, index: int) -> None:

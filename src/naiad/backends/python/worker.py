@@ -13,6 +13,7 @@ import re
 import socket
 import sys
 import threading
+import time
 import types
 from typing import Any
 
@@ -167,17 +168,19 @@ class Worker:
         text = f"Failed to process the request(s) for model '{self.instance_name}', message: {format_exception(exc)}"
         return (text, "INTERNAL")
 
-    def _finish(self, batch_id: int, requests: list, result: Any) -> None:
+    def _finish(self, batch_id: int, requests: list, result: Any, timing: tuple[int, int]) -> None:
         """Send the batch's "done" message: responses of a default-mode model, or just completion.
 
-        Its last field lists the requests released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE.
+        Its fields after the responses: the error, the requests released with
+        TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, and (start, end) of the execution in
+        time.perf_counter_ns() (CLOCK_MONOTONIC, the server's clock too).
         """
         if self.runtime.decoupled or result is None:
             error = None
             if result is not None:
                 error = (f"Python model '{self.instance_name}' is using the decoupled mode and the execute function "
                          "must return None.", "INTERNAL")
-            self.channel.send(("d", batch_id, None, None, error, _rescheduled(requests) if error is None else ()))
+            self.channel.send(("d", batch_id, None, None, error, _rescheduled(requests) if error is None else (), timing))
             return
         if not isinstance(result, list):
             raise ReturnValueError(f"Expected a list in the execute return, found type '{type(result)}'.")
@@ -211,28 +214,30 @@ class Worker:
                 extras.append((True, response.parameters(), None))
         block, metas = pack(self.runtime.pool, groups)
         responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
-        self.channel.send(("d", batch_id, block, responses, None, rescheduled))
+        self.channel.send(("d", batch_id, block, responses, None, rescheduled, timing))
 
     def _run_batch(self, message: tuple) -> None:
         batch_id = message[1]
+        start = time.perf_counter_ns()
         try:
             requests = self._requests(message)
             result = self.model.execute(requests)
-            self._finish(batch_id, requests, result)
+            self._finish(batch_id, requests, result, (start, time.perf_counter_ns()))
         except BaseException as exc:  # the whole batch fails with the exception's text
-            self.channel.send(("d", batch_id, None, None, self._failure(exc), ()))
+            self.channel.send(("d", batch_id, None, None, self._failure(exc), (), (start, time.perf_counter_ns())))
 
     def _start_async_batch(self, message: tuple) -> None:
         self.loop.create_task(self._run_async_batch(message))
 
     async def _run_async_batch(self, message: tuple) -> None:
         batch_id = message[1]
+        start = time.perf_counter_ns()
         try:
             requests = self._requests(message)
             result = await self.model.execute(requests)
-            self._finish(batch_id, requests, result)
+            self._finish(batch_id, requests, result, (start, time.perf_counter_ns()))
         except BaseException as exc:  # the whole batch fails with the exception's text
-            self.channel.send(("d", batch_id, None, None, self._failure(exc), ()))
+            self.channel.send(("d", batch_id, None, None, self._failure(exc), (), (start, time.perf_counter_ns())))
 
     # ------------------------------------------------------------ main loop and finalize
 
