@@ -7,7 +7,7 @@
 `scaling` runs in-process (Server.infer_async, no sockets) with 4 requests in flight on a model whose
 execute burns ~10 ms of pure-Python CPU: with instance_group count 2 the two worker processes run on
 two cores at once. `compare` pins each server (and its worker processes) to core 0 and the clients to
-core 1, like run_onnx_bench.py: add_sub through benchmarks/load.py (http-binary and grpc), the 1 MB
+core 1, like run_onnx_bench.py: add_sub through benchmarks/load.py (http-json, http-binary, grpc), the 1 MB
 FP32 identity model through a small HTTP binary-extension client in this file.
 Real Triton comes from benchmarks/start_triton.sh (Triton 2.51 from the nvidia-pytriton wheel).
 
@@ -301,7 +301,8 @@ def compare(args: argparse.Namespace) -> dict:
         for round_index in range(args.rounds):
             for kind in servers:  # servers take turns cell by cell
                 proc, http_port, grpc_port = running[kind]
-                for protocol, port in (("http-binary", http_port), ("grpc", grpc_port)):
+                for protocol in args.protocols:
+                    port = grpc_port if protocol == "grpc" else http_port
                     for concurrency in args.concurrency:
                         cell = _with_cpu(proc.pid, lambda: _load(args.client_core, port, protocol, concurrency, args.duration),
                                          args.duration)
@@ -362,6 +363,8 @@ def main() -> int:
     cmp_.add_argument("--duration", type=float, default=5.0)
     cmp_.add_argument("--rounds", type=int, default=1)
     cmp_.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    cmp_.add_argument("--protocols", nargs="+", choices=("http-json", "http-binary", "grpc"),
+                      default=["http-json", "http-binary", "grpc"], help="load.py protocols for add_sub")
     cmp_.add_argument("--server-core", default="0")
     cmp_.add_argument("--client-core", default="1")
     for sub_parser in (scale, cmp_):
