@@ -177,6 +177,13 @@ def model_counts(port: int, model: str) -> tuple[int, int]:
     return int(stats["inference_count"]), int(stats["execution_count"])
 
 
+def batch_histogram(port: int, model: str) -> dict[int, int]:
+    """Executions per batch size so far (the statistics' batch_stats)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as reply:
+        stats = json.load(reply)["model_stats"][0]
+    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+
+
 # ---------------------------------------------------------------- in-process onnxruntime
 
 def ort_main(model_path: str, batch: int, duration: float) -> None:
@@ -196,6 +203,42 @@ def ort_main(model_path: str, batch: int, duration: float) -> None:
         calls += 1
     elapsed = time.perf_counter() - start
     print(json.dumps({"batch": batch, "ms_per_call": elapsed / calls * 1e3, "rows_per_sec": calls * batch / elapsed}))
+
+
+def ort_mix_main(model_path: str, histogram_json: str, duration: float) -> None:
+    """Subprocess entry: onnxruntime alone, one thread, replaying the batch sizes of a histogram
+    ({size: executions}) in proportion, back to back: its own throughput on the batches formed."""
+    import onnxruntime as ort
+
+    histogram = {int(k): v for k, v in json.loads(histogram_json).items() if v}
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    feeds = {size: {"INPUT": rng.standard_normal((size, 256)).astype(np.float32)} for size in histogram}
+    total = sum(histogram.values())
+    # One cycle of ~100 executions with the histogram's proportions, shuffled once.
+    cycle = [size for size, count in histogram.items() for _ in range(max(1, round(100 * count / total)))]
+    rng.shuffle(cycle)
+    for size in histogram:
+        session.run(None, feeds[size])
+    rows, start = 0, time.perf_counter()
+    while time.perf_counter() - start < duration:
+        for size in cycle:
+            session.run(None, feeds[size])
+            rows += size
+    elapsed = time.perf_counter() - start
+    print(json.dumps({"histogram": histogram, "rows_per_sec": rows / elapsed}))
+
+
+def measure_ort_mix(core: str, model_path: Path, histogram: dict[int, int], duration: float) -> dict:
+    cmd = ["taskset", "-c", core, sys.executable, str(Path(__file__).resolve()), "--_ort_mix", str(model_path),
+           json.dumps(histogram), str(duration)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + 120)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr[-2000:])
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def measure_ort(core: str, model_path: Path, batch: int, duration: float) -> dict:
@@ -226,11 +269,15 @@ def part_heavy(work: Path, args) -> dict:
             for protocol in args.heavy_protocols:
                 for model in (models if r % 2 == 0 else models[::-1]):
                     before = model_counts(server.http_port, model)
+                    sizes_before = batch_histogram(server.http_port, model)
                     port = server.grpc_port if protocol == "grpc" else server.http_port
                     result = run_load(args.client_core, port, protocol, model, CONCURRENCY, args, model_path)
                     after = model_counts(server.http_port, model)
                     executions = after[1] - before[1]
                     result["formed_batch"] = (after[0] - before[0]) / executions if executions else 0.0
+                    result["batch_sizes"] = {size: count - sizes_before.get(size, 0)
+                                             for size, count in batch_histogram(server.http_port, model).items()
+                                             if count > sizes_before.get(size, 0)}
                     cells[f"{model}/{protocol}"] = result
                     log(f"heavy round {r + 1} {model} {protocol}: {result.get('infer_per_sec', 0):.0f}/s "
                         f"batch {result['formed_batch']:.1f} {result.get('error', '')}")
@@ -239,6 +286,10 @@ def part_heavy(work: Path, args) -> dict:
             batch = max(1, round(float(np.median(formed)))) if formed else 32
             cells["ort_batch1"] = measure_ort(args.server_core, model_path, 1, min(args.duration, 3.0))
             cells["ort_formed"] = measure_ort(args.server_core, model_path, batch, args.duration)
+            for protocol in args.heavy_protocols:  # the very batch sizes the batcher formed, in proportion
+                sizes = cells[f"{models[0]}/{protocol}"].get("batch_sizes")
+                if sizes:
+                    cells[f"ort_mix/{protocol}"] = measure_ort_mix(args.server_core, model_path, sizes, args.duration)
             log(f"heavy round {r + 1} onnxruntime: batch 1 {cells['ort_batch1']['ms_per_call']:.2f} ms/call; "
                 f"batch {batch} {cells['ort_formed']['rows_per_sec']:.0f} rows/s")
             rounds.append(cells)
@@ -305,23 +356,38 @@ def report(results: dict, args) -> str:
         one = sorted(r["ort_batch1"]["ms_per_call"] for r in rounds)
         lines += [f"**heavy (256-{HEAVY_HIDDEN}-{HEAVY_HIDDEN}-10)**: onnxruntime in-process batch 1 = "
                   f"{one[len(one) // 2]:.2f} ms/call (median; rounds {[round(x, 2) for x in one]})", "",
-                  "| protocol | no batching | dynamic batching (formed batch) | in-process onnxruntime at the formed batch | "
-                  "batching / none (bar >= 3x) | batching / in-process (bar >= 0.6) |", "|---|---|---|---|---|---|"]
+                  "| protocol | no batching | dynamic batching (mean formed batch) | in-process onnxruntime at the mean batch | "
+                  "in-process onnxruntime on the formed batch sizes | batching / none (bar >= 3x) | "
+                  "batching / in-process at the mean batch | batching / in-process on the formed sizes (bar >= 0.6) |",
+                  "|---|---|---|---|---|---|---|---|"]
         for protocol in args.heavy_protocols:
             plain_key, batched_key = f"{heavy['models'][1]}/{protocol}", f"{heavy['models'][0]}/{protocol}"
             plain, batched = median_cell(rounds, plain_key), median_cell(rounds, batched_key)
             if not plain or not batched:
                 lines.append(f"| {protocol} | {plain.get('infer_per_sec', 'error')} | {batched.get('infer_per_sec', 'error')} | | | |")
                 continue
+            mixed = [r for r in rounds if f"ort_mix/{protocol}" in r]
             ort = sorted(r["ort_formed"]["rows_per_sec"] for r in rounds)
+            ort_mix = sorted(r[f"ort_mix/{protocol}"]["rows_per_sec"] for r in mixed)
             speedup = sorted(r[batched_key]["infer_per_sec"] / r[plain_key]["infer_per_sec"] for r in rounds)
             share = sorted(r[batched_key]["infer_per_sec"] / r["ort_formed"]["rows_per_sec"] for r in rounds)
+            share_mix = sorted(r[batched_key]["infer_per_sec"] / r[f"ort_mix/{protocol}"]["rows_per_sec"] for r in mixed)
             lines.append(
                 f"| {protocol} | {plain['infer_per_sec']:.0f}/s {plain['all']} | {batched['infer_per_sec']:.0f}/s "
                 f"({batched['formed_batch']:.1f}) {batched['all']} | {ort[len(ort) // 2]:.0f} rows/s {[round(x) for x in ort]} | "
-                f"{speedup[len(speedup) // 2]:.1f}x {[round(x, 1) for x in speedup]} | "
-                f"{share[len(share) // 2]:.2f} {[round(x, 2) for x in share]} |")
-        lines += ["", "(per-round ratios in brackets: each round measured batching, no batching and onnxruntime back to back)", ""]
+                + (f"{ort_mix[len(ort_mix) // 2]:.0f} rows/s {[round(x) for x in ort_mix]} | " if ort_mix else "| ")
+                + f"{speedup[len(speedup) // 2]:.1f}x {[round(x, 1) for x in speedup]} | "
+                f"{share[len(share) // 2]:.2f} {[round(x, 2) for x in share]} | "
+                + (f"{share_mix[len(share_mix) // 2]:.2f} {[round(x, 2) for x in share_mix]} |" if share_mix else "|"))
+            sizes = batched.get("batch_sizes") or {}
+            executions = sum(sizes.values())
+            if executions:
+                common = [kv for kv in sorted(sizes.items(), key=lambda kv: -kv[1])[:6] if kv[1] >= executions / 100]
+                lines.append("")
+                lines.append(f"{protocol}: batch sizes formed in the median round (share of executions): "
+                             + ", ".join(f"{size}: {count / executions:.0%}" for size, count in common))
+        lines += ["", "(per-round ratios in brackets: each round measured batching, no batching and onnxruntime back to back;",
+                  "'on the formed batch sizes' replays the batch sizes the batcher formed in that round, in proportion)", ""]
     triton = results.get("triton")
     if triton:
         lines += ["**mlp_classifier (256-512-512-10), dynamic batching, c=32: Naiad vs Triton 2.51 (Python backend + onnxruntime)**", "",
@@ -341,6 +407,9 @@ def report(results: dict, args) -> str:
 
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--_ort_mix":
+        ort_mix_main(sys.argv[2], sys.argv[3], float(sys.argv[4]))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--_ort":
         ort_main(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
         return 0
