@@ -31,6 +31,12 @@ PIPELINE_MAX_DEPTH = 8
 PIPELINE_BUDGET_NS = 1_000_000
 
 
+def pipeline_depth(average_execution_ns: float) -> int:
+    """Batches to hand a lone worker ahead: as many as fit in PIPELINE_BUDGET_NS, from 2 to 8."""
+    affordable = int(PIPELINE_BUDGET_NS // max(average_execution_ns, 1.0))
+    return max(PIPELINE_DEPTH, min(PIPELINE_MAX_DEPTH, affordable))
+
+
 def _byte_size(settings: dict[str, str], key: str, default: int) -> int:
     """A positive byte count from --backend-config python,<key>=<n>."""
     raw = settings.get(key)
@@ -225,8 +231,7 @@ class PythonInstance:
             timing = None if finished.cancelled() else finished.result()
             if timing is not None:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
-                affordable = int(PIPELINE_BUDGET_NS // max(self._execution_ns, 1.0))
-                self._depth = max(PIPELINE_DEPTH, min(PIPELINE_MAX_DEPTH, affordable))
+                self._depth = pipeline_depth(self._execution_ns)
 
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
