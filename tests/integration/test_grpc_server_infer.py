@@ -390,3 +390,14 @@ def test_standard_health_service_reports_serving(server: RunningServer) -> None:
     check = channel.unary_unary("/grpc.health.v1.Health/Check", request_serializer=lambda b: b, response_deserializer=lambda b: b)
     assert check(b"", timeout=10) == b"\x08\x01"  # HealthCheckResponse{status: SERVING}
     channel.close()
+
+
+def test_an_unknown_model_is_not_found_before_its_tensors_are_checked(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """As Triton 2.51 answers (probed): NOT_FOUND, not the tensors' INVALID_ARGUMENT."""
+    for model, version, message in (("nope", "", "Request for unknown model: 'nope' is not found"),
+                                    ("add_sub", "9", "Request for unknown model: 'add_sub' version 9 is not found")):
+        request = pb.ModelInferRequest(model_name=model, model_version=version)
+        request.inputs.add(name="INPUT0", datatype="FP99", shape=[1, 16])
+        request.raw_input_contents.append(b"\0" * 10)
+        err = _rpc_error(stub.ModelInfer, request)
+        assert err.code() == grpc.StatusCode.NOT_FOUND and err.details() == message

@@ -112,6 +112,22 @@ def test_unknown_model_and_version(server):
     assert status == 404 and error_of(body) == "Request for unknown model: 'nope' is not found"
 
 
+@pytest.mark.parametrize("body,headers", [
+    (b'{"inputs": [', {}),  # malformed JSON
+    (b'{"inputs": [{"name": "X", "datatype": "FP99", "shape": [1], "data": [1]}]}', {}),
+    (b'{"inputs": []}', {"Inference-Header-Content-Length": "500"}),
+    (b'{"inputs": [', {"Content-Encoding": "br"}),
+], ids=["json", "datatype", "header-length", "encoding"])
+def test_an_unknown_model_is_404_whatever_the_body_holds(server, body, headers):
+    """As Triton 2.51 answers (probed): the model is looked up before the body is decoded."""
+    status, _, answer = call(server, "POST", "/v2/models/nope/infer", body, headers)
+    assert status == 404 and error_of(answer) == "Request for unknown model: 'nope' is not found"
+    status, _, answer = call(server, "POST", "/v2/models/add_sub/versions/9/infer", body, headers)
+    assert status == 404 and error_of(answer) == "Request for unknown model: 'add_sub' version 9 is not found"
+    status, _, answer = call(server, "POST", "/v2/models/add_sub/infer", body, headers)
+    assert status == 400  # a known model: the body's own error
+
+
 def test_not_found_and_method_not_allowed(server):
     for path in ("/v2/nothing", "/v2/models/add_sub/versions/x/ready", "/v2/models/add_sub/explode", "/v3"):
         status, headers, body = call(server, "GET", path)

@@ -351,6 +351,17 @@ class Server:
             queue_ns = max(item.dispatch_ns - item.enqueue_ns, 0) if item.dispatch_ns else None
             model.stats.record_request(success, time.perf_counter_ns() - start, queue_ns, reason)
 
+    def check_servable(self, name: str, version: str = "") -> None:
+        """Raise what infer_async would for a model (version) it cannot serve, before any request is
+        decoded: Triton answers an unknown model with 404 whatever the body holds. A repository model
+        that --load-on-demand would load passes."""
+        self._check_serving()
+        try:
+            self.models.lookup(name, version)
+        except NaiadError as exc:
+            if not (self.config.load_on_demand and exc.code is ErrorCode.NOT_FOUND and name in self.models.scan()[0]):
+                raise
+
     async def _serving_version(self, request: InferenceRequest):
         """The version to run; with --load-on-demand an unloaded repository model is loaded first."""
         try:

@@ -95,6 +95,9 @@ class FakeServer:
         self._check(name, version)
         return name != "unhealthy"
 
+    def check_servable(self, name: str, version: str = "") -> None:
+        self._check(name, version)
+
     def model_metadata(self, name: str, version: str = "") -> dict:
         self._check(name, version)
         return {

@@ -86,6 +86,9 @@ class FakeServer:
         self._cfg(name, version)
         return name != "half"
 
+    def check_servable(self, name: str, version: str = "") -> None:
+        self._cfg(name, version)
+
     def model_metadata(self, name: str, version: str = "") -> dict:
         cfg = self._cfg(name, version)
         return {"name": name, "versions": ["1"], "platform": "fake", "inputs": [], "outputs": [],

@@ -18,6 +18,7 @@ from naiad.frontends.grpc.infer_codec import (
 )
 from naiad.frontends.grpc.status import guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
+from naiad.frontends.security import check_model_name
 from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse, SharedMemoryRef
@@ -134,6 +135,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+        check_model_name(request.model_name)  # an invalid name first, then NOT_FOUND, then the tensors
+        self._server.check_servable(request.model_name, request.model_version)
         decoded = decode_infer_request(request, self._shm_reader)
         metadata = context.invocation_metadata() if propagating() else ()
         try:

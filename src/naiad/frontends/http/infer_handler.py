@@ -60,6 +60,7 @@ class InferHandler:
         limit = server.config.http_max_input_size
         try:
             body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
+            server.check_servable(model, version)  # an unknown model is a 404 whatever the body holds
             if headers.content_encoding is not None:
                 body = decompress_body(body, headers.content_encoding, limit)
             header_length = parse_header_length(headers.infer_header_length, len(body))
