@@ -135,6 +135,16 @@ def test_stream_error_message_identifies_request(stub: pb_grpc.GRPCInferenceServ
     assert len(by_id["good"].infer_response.raw_output_contents) == 2
 
 
+def test_stream_unknown_model_is_reported_before_its_tensors(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    unknown = _raw_request("unknown", 1)
+    unknown.model_name = "nope"
+    unknown.inputs[0].datatype = "FP99"
+    responses = list(stub.ModelStreamInfer(iter([unknown, _raw_request("good", 2)])))
+    by_id = {r.infer_response.id: r for r in responses}
+    assert by_id["unknown"].error_message == "Request for unknown model: 'nope' is not found"
+    assert by_id["good"].error_message == ""  # the stream goes on
+
+
 def test_stream_half_close_completes_in_flight_with_ok(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     requests = [_raw_request(f"h{i}", i) for i in range(64)]
     call = stub.ModelStreamInfer(iter(requests))

@@ -149,7 +149,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context))
+        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context),
+                                self._server.check_servable)
         async with contextlib.aclosing(session.responses(request_iterator)) as items:
             async for item in items:
                 if isinstance(item, Fatal):
