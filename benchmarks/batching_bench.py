@@ -170,30 +170,29 @@ def start_triton(work: Path, repo: Path, core: str) -> RunningServer:
     return server
 
 
-def model_counts(port: int, model: str) -> tuple[int, int]:
-    """(inference_count, execution_count) from the v2 statistics extension."""
+def model_counts(port: int, model: str) -> tuple[int, int, dict[int, int]]:
+    """(inference_count, execution_count, executions per batch size) from the v2 statistics extension."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as reply:
         stats = json.load(reply)["model_stats"][0]
-    return int(stats["inference_count"]), int(stats["execution_count"])
-
-
-def batch_histogram(port: int, model: str) -> dict[int, int]:
-    """Executions per batch size so far (the statistics' batch_stats)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{model}/stats", timeout=10) as reply:
-        stats = json.load(reply)["model_stats"][0]
-    return {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+    sizes = {int(b["batch_size"]): int(b["compute_infer"]["count"]) for b in stats.get("batch_stats", [])}
+    return int(stats["inference_count"]), int(stats["execution_count"]), sizes
 
 
 # ---------------------------------------------------------------- in-process onnxruntime
 
-def ort_main(model_path: str, batch: int, duration: float) -> None:
-    """Subprocess entry: onnxruntime alone, one thread, batch `batch` back to back."""
+def _one_thread_session(model_path: str):  # -> onnxruntime.InferenceSession
+    """onnxruntime on one thread, as the served models are configured."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+
+
+def ort_main(model_path: str, batch: int, duration: float) -> None:
+    """Subprocess entry: onnxruntime alone, one thread, batch `batch` back to back."""
+    session = _one_thread_session(model_path)
     feeds = {"INPUT": np.random.default_rng(0).standard_normal((batch, 256)).astype(np.float32)}
     for _ in range(3):
         session.run(None, feeds)
@@ -208,13 +207,8 @@ def ort_main(model_path: str, batch: int, duration: float) -> None:
 def ort_mix_main(model_path: str, histogram_json: str, duration: float) -> None:
     """Subprocess entry: onnxruntime alone, one thread, replaying the batch sizes of a histogram
     ({size: executions}) in proportion, back to back: its own throughput on the batches formed."""
-    import onnxruntime as ort
-
     histogram = {int(k): v for k, v in json.loads(histogram_json).items() if v}
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    options.inter_op_num_threads = 1
-    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    session = _one_thread_session(model_path)
     rng = np.random.default_rng(0)
     feeds = {size: {"INPUT": rng.standard_normal((size, 256)).astype(np.float32)} for size in histogram}
     total = sum(histogram.values())
@@ -269,15 +263,13 @@ def part_heavy(work: Path, args) -> dict:
             for protocol in args.heavy_protocols:
                 for model in (models if r % 2 == 0 else models[::-1]):
                     before = model_counts(server.http_port, model)
-                    sizes_before = batch_histogram(server.http_port, model)
                     port = server.grpc_port if protocol == "grpc" else server.http_port
                     result = run_load(args.client_core, port, protocol, model, CONCURRENCY, args, model_path)
                     after = model_counts(server.http_port, model)
                     executions = after[1] - before[1]
                     result["formed_batch"] = (after[0] - before[0]) / executions if executions else 0.0
-                    result["batch_sizes"] = {size: count - sizes_before.get(size, 0)
-                                             for size, count in batch_histogram(server.http_port, model).items()
-                                             if count > sizes_before.get(size, 0)}
+                    result["batch_sizes"] = {size: count - before[2].get(size, 0)
+                                             for size, count in after[2].items() if count > before[2].get(size, 0)}
                     cells[f"{model}/{protocol}"] = result
                     log(f"heavy round {r + 1} {model} {protocol}: {result.get('infer_per_sec', 0):.0f}/s "
                         f"batch {result['formed_batch']:.1f} {result.get('error', '')}")
