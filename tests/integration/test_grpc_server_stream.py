@@ -121,12 +121,16 @@ def test_stream_errors_arrive_on_callback_and_stream_stays_open(server: RunningS
         client.stop_stream()
 
 
+def _stream_by_id(stub: pb_grpc.GRPCInferenceServiceStub, *requests: pb.ModelInferRequest) -> dict:
+    """Send requests on one stream; its responses by request id."""
+    return {r.infer_response.id: r for r in stub.ModelStreamInfer(iter(requests))}
+
+
 def test_stream_error_message_identifies_request(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     bad = _raw_request("bad", 1)
     bad.model_version = "1"
     bad.inputs[0].datatype = "FP99"
-    responses = list(stub.ModelStreamInfer(iter([bad, _raw_request("good", 2)])))
-    by_id = {r.infer_response.id: r for r in responses}
+    by_id = _stream_by_id(stub, bad, _raw_request("good", 2))
     assert set(by_id) == {"bad", "good"}
     assert by_id["bad"].error_message == "invalid datatype 'FP99' for input 'INPUT0'"
     assert (by_id["bad"].infer_response.model_name, by_id["bad"].infer_response.model_version) == ("add_sub", "1")
@@ -139,8 +143,7 @@ def test_stream_unknown_model_is_reported_before_its_tensors(stub: pb_grpc.GRPCI
     unknown = _raw_request("unknown", 1)
     unknown.model_name = "nope"
     unknown.inputs[0].datatype = "FP99"
-    responses = list(stub.ModelStreamInfer(iter([unknown, _raw_request("good", 2)])))
-    by_id = {r.infer_response.id: r for r in responses}
+    by_id = _stream_by_id(stub, unknown, _raw_request("good", 2))
     assert by_id["unknown"].error_message == "Request for unknown model: 'nope' is not found"
     assert by_id["good"].error_message == ""  # the stream goes on
 

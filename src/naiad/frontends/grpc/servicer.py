@@ -133,10 +133,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------ inference
 
+    def _check_target(self, request: pb.ModelInferRequest) -> None:
+        """An invalid model name first, then an unknown model (NOT_FOUND), before any tensor is decoded."""
+        check_model_name(request.model_name)
+        self._server.check_servable(request.model_name, request.model_version)
+
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        check_model_name(request.model_name)  # an invalid name first, then NOT_FOUND, then the tensors
-        self._server.check_servable(request.model_name, request.model_version)
+        self._check_target(request)
         decoded = decode_infer_request(request, self._shm_reader)
         metadata = context.invocation_metadata() if propagating() else ()
         try:
@@ -149,8 +153,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context),
-                                self._server.check_servable)
+        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context), self._check_target)
         async with contextlib.aclosing(session.responses(request_iterator)) as items:
             async for item in items:
                 if isinstance(item, Fatal):

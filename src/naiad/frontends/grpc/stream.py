@@ -12,7 +12,6 @@ from tritonclient.grpc import service_pb2 as pb
 from naiad.frontends.grpc.infer_codec import ShmReader, decode_infer_request, encode_infer_response
 from naiad.frontends.grpc.params import EMPTY_FINAL_RESPONSE, FINAL_RESPONSE, empty_final_response_flag
 from naiad.frontends.grpc.status import error_of
-from naiad.frontends.security import check_model_name
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
@@ -76,9 +75,9 @@ class StreamSession:
     """State of one ModelStreamInfer call: a reader task, in-flight request tasks and one writer."""
 
     def __init__(self, source: ResponseSource, shm_reader: ShmReader | None, fatal_errors: bool,
-                 check_servable: Callable[[str, str], None] | None = None) -> None:
+                 check_target: Callable[[pb.ModelInferRequest], None] | None = None) -> None:
         self._source = source
-        self._check_servable = check_servable  # an unknown model fails before its tensors are decoded
+        self._check_target = check_target  # an unknown model fails before its tensors are decoded
         self._shm_reader = shm_reader
         self._fatal_errors = fatal_errors
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
@@ -123,9 +122,8 @@ class StreamSession:
     def _start(self, message: pb.ModelInferRequest) -> None:
         try:
             send_empty_final = empty_final_response_flag(message.parameters)
-            if self._check_servable is not None:
-                check_model_name(message.model_name)
-                self._check_servable(message.model_name, message.model_version)
+            if self._check_target is not None:
+                self._check_target(message)
             request = decode_infer_request(message, self._shm_reader, _ALLOWED_RESERVED)
         except Exception as exc:  # noqa: BLE001
             self._slots.release()
