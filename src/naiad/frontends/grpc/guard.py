@@ -128,7 +128,7 @@ class Guard:
 
     def _wrap(self, rpc: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if rpc in _INFER_RPCS:
-            # ModelInfer / ModelStreamInfer model names are checked where each request is decoded
+            # ModelInfer / ModelStreamInfer model names are checked per request, before it is decoded (servicer)
             return _forwarding(handler, self.forwarder) if self.forwarder is not None else handler
         field = GRPC_MODEL_NAME_FIELDS.get(rpc)
         if field is not None and handler.unary_unary is not None:

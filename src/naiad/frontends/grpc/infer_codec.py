@@ -8,7 +8,6 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc.params import apply_request_params, fill_params, params_to_dict
-from naiad.frontends.security import check_model_name
 from naiad.protocol.datatypes import WIRE_DTYPES
 from naiad.protocol.errors import NaiadError, invalid_arg, unsupported
 from naiad.protocol.tensor_codec import (
@@ -224,8 +223,8 @@ def decode_infer_request(
 
     `shm_reader` is None when client shared memory is disabled. `allowed_reserved` lists the
     `triton_` request parameters the caller handles itself (streams: the empty-final flag).
+    The model name was checked by the caller (InferenceServicer._check_target), before anything else.
     """
-    check_model_name(request.model_name)
     try:
         inputs = _decode_inputs(request, shm_reader)
     except ValueError as exc:  # numpy refusing a shape (too many dims, too large)
