@@ -14,6 +14,7 @@ from triton_python_backend_utils._config import (
     using_decoupled_model_transaction_policy,
 )
 from triton_python_backend_utils._errors import TritonError, TritonModelException
+from triton_python_backend_utils._text import text as _text
 from triton_python_backend_utils._logger import Logger, LogLevel
 from triton_python_backend_utils._metrics import Metric, MetricFamily, MetricKind
 from triton_python_backend_utils._request import (
@@ -58,19 +59,21 @@ def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None
     _check_control_phase("load_model")
     if files is not None and not isinstance(files, dict):
         raise TritonModelException("files must be a dict of 'file:<path>' -> bytes")
-    _runtime.current().model_control("load", model_name, config or None, dict(files) if files else None)
+    config = _text(config, "load_model config") if config else ""
+    _runtime.current().model_control("load", _text(model_name, "model_name"), config or None, dict(files) if files else None)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
     """Unload a model; the server must run with --model-control-mode=explicit."""
     _check_control_phase("unload_model")
-    _runtime.current().model_control("unload", model_name, bool(unload_dependents))
+    _runtime.current().model_control("unload", _text(model_name, "model_name"), bool(unload_dependents))
 
 
 def is_model_ready(model_name: str, model_version: str = "") -> bool:
     """True when the model (version) is loaded and its instances are healthy."""
     _check_control_phase("is_model_ready")
-    return bool(_runtime.current().model_control("ready", model_name, str(model_version)))
+    version = _text(model_version, "model_version") if model_version else ""
+    return bool(_runtime.current().model_control("ready", _text(model_name, "model_name"), version))
 
 
 __all__ = [

@@ -9,6 +9,7 @@ from typing import Any
 from triton_python_backend_utils import _runtime
 from triton_python_backend_utils._errors import TritonError, TritonModelException
 from triton_python_backend_utils._tensor import Tensor
+from triton_python_backend_utils._text import text, texts
 
 TRITONSERVER_MEMORY_CPU = 0
 TRITONSERVER_MEMORY_CPU_PINNED = 1
@@ -178,6 +179,7 @@ class InferenceRequest:
         trace: InferenceTrace | None = None,
         parameters: Any = None,
     ) -> None:
+        model_name = text(model_name, "InferenceRequest model_name")
         if not model_name:
             raise TritonModelException("InferenceRequest needs a model_name")
         tensors = list(inputs) if inputs is not None else []
@@ -187,10 +189,10 @@ class InferenceRequest:
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("correlation_id must be an int or a str")
         self._inputs = tensors
-        self._requested = [str(n) for n in (requested_output_names or [])]
+        self._requested = texts(requested_output_names, "InferenceRequest requested_output_names")
         self._model_name = model_name
         self._model_version = int(model_version)
-        self._request_id = str(request_id)
+        self._request_id = text(request_id, "InferenceRequest request_id")
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)

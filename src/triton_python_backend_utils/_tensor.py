@@ -8,6 +8,7 @@ import numpy as np
 
 from triton_python_backend_utils import _dlpack
 from triton_python_backend_utils._errors import TritonModelException
+from triton_python_backend_utils._text import text
 
 # TYPE_* enum values of model_config.proto (also TRITONSERVER_DataType values).
 TYPE_VALUES = {
@@ -75,8 +76,7 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, data: Any, dtype: str | None = None) -> None:
-        if not isinstance(name, str):
-            raise TypeError("Tensor name must be a str")
+        name = text(name, "Tensor name")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if dtype == "BF16":
             array = array.view(np.uint16) if array.dtype.itemsize == 2 else array.astype(np.uint16)
@@ -159,7 +159,7 @@ class Tensor:
             raise TritonModelException("from_dlpack expects a DLPack capsule or an object implementing __dlpack__")
         code, bits, _ = _dlpack.capsule_dtype(capsule)
         if code == 4 and bits == 16:
-            return Tensor._wrap(name, _dlpack.consume_bf16(capsule), "BF16")
+            return Tensor._wrap(text(name, "Tensor name"), _dlpack.consume_bf16(capsule), "BF16")
         array = np.from_dlpack(_dlpack.CapsuleHolder(capsule))
         return Tensor(name, array)
 
