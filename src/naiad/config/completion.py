@@ -48,6 +48,7 @@ _DETECTION = [
     ("model.xml", "openvino", ""),
     ("model.pt", "pytorch", "pytorch_libtorch"),
     ("model.pt2", "pytorch", "torch_aoti"),
+    ("model.py", "python", ""),
     # FIL's default file names (model_type picks one; the backend reads it from the file name otherwise).
     ("xgboost.ubj", "fil", ""),
     ("xgboost.json", "fil", ""),
@@ -59,9 +60,14 @@ _DETECTION = [
 
 def resolve_backend(config: mc.ModelConfig, version_dir: Path | None) -> None:
     """Fill backend from platform, platform from backend, or both from the model file present."""
-    if not config.backend and not config.platform and version_dir is not None:
+    if not config.backend and not config.platform:
         for filename, backend, platform in _DETECTION:
-            if (version_dir / filename).exists():
+            # A default_model_filename names the file; otherwise the version directory shows it.
+            if config.default_model_filename:
+                found = config.default_model_filename == filename
+            else:
+                found = version_dir is not None and (version_dir / filename).exists()
+            if found:
                 config.backend, config.platform = backend, platform
                 break
     if config.platform and not config.backend:
@@ -75,7 +81,7 @@ def resolve_backend(config: mc.ModelConfig, version_dir: Path | None) -> None:
     if not config.backend and config.platform != "ensemble":
         raise ConfigError(
             f"unable to determine the backend for model '{config.name}': set 'backend' or 'platform' "
-            "in config.pbtxt or provide a model file with a default name (model.onnx, model.pt, ...)"
+            "in config.pbtxt or provide a model file with a default name (model.onnx, model.pt, model.py, ...)"
         )
 
 
