@@ -19,6 +19,13 @@ class ConfigError(Exception):
     """A model configuration problem, naming the file, line and field where known."""
 
 
+class ConfigReadError(ConfigError):
+    """The config cannot be read at all (syntax, name, backend): Triton's repository poll fails.
+
+    Such a model gets no version state, so it neither shows in the index nor affects readiness.
+    """
+
+
 def parse_config_text(text: str, source: str) -> mc.ModelConfig:
     """Parse protobuf text format; errors carry `<file>:<line>:<col>` and the offending field."""
     config = mc.ModelConfig()

@@ -50,11 +50,16 @@ def _check_reshape(report: _Reporter, field: str, tensor) -> None:
         )
 
 
+def validate_read(config: mc.ModelConfig, source: str, text: str = "") -> None:
+    """Raise ConfigError for what Triton refuses when it reads a config, before any backend sees it."""
+    if config.max_batch_size < 0:
+        _Reporter(source, text).fail("max_batch_size", f"must be >= 0, got {config.max_batch_size}", "max_batch_size")
+
+
 def validate_config(config: mc.ModelConfig, source: str, text: str = "") -> None:
     """Raise ConfigError for what Triton refuses at load time."""
     report = _Reporter(source, text)
-    if config.max_batch_size < 0:
-        report.fail("max_batch_size", f"must be >= 0, got {config.max_batch_size}", "max_batch_size")
+    validate_read(config, source, text)
     for field, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for tensor in tensors:

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
-from naiad.config.model_config import ConfigError
+from naiad.config.model_config import ConfigError, ConfigReadError
 from naiad.config.server_config import ServerConfig
 from naiad.backends.base import ServerServices
 from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, instances_memory_bytes, prepare_model
@@ -237,12 +237,14 @@ class ModelLifecycle:
             except OSError as exc:
                 reason = f"unable to fetch model '{name}' from '{location.repository.root}': {exc}"
                 log.error("%s", reason)
-                for version, state in list(record.versions.items()) or [(1, None)]:
+                attempted = list(record.versions.items()) or [(1, None)]
+                for version, state in attempted:
                     if state is None or state.state != READY:
                         record.versions[version] = VersionState(UNAVAILABLE, reason)
-                raise self._load_error(record) from None
+                raise self._load_error(record, {version: reason for version, _ in attempted}) from None
         if config_override is None and not files and record.override_dir is None:
             config_override = record.config_override  # an override stays in force across reloads
+        before = dict(record.versions)
         for version in version_directories(model_dir) or {1: None}:
             current = record.versions.get(version)
             if current is None or current.state != READY:
@@ -251,16 +253,23 @@ class ModelLifecycle:
             prepared: PreparedModel = await loop.run_in_executor(
                 self._executor, prepare_model, name, model_dir, self.settings, self.backends, config_override
             )
+        except ConfigReadError as exc:
+            # Triton's repository poll fails: no version state changes, so the index and readiness are as before.
+            record.versions = before
+            if not record.versions:
+                self.records.pop(name, None)
+            if files:
+                shutil.rmtree(model_dir.parent, ignore_errors=True)
+            log.error("failed to load '%s': %s", name, exc)
+            raise internal(f"failed to load '{name}', failed to poll from model repository: {exc}") from None
         except Exception as exc:  # a config problem, or a backend's own error: the model is UNAVAILABLE, never stuck LOADING
             message = str(exc) if isinstance(exc, (ConfigError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
-            self._mark_failed(record, model_dir, message)
-            raise self._load_error(record) from None
+            raise self._load_error(record, self._mark_failed(record, model_dir, message)) from None
         if prepared.config.platform == "ensemble":
             try:
                 await self._load_dependencies(prepared.config)
             except NaiadError as exc:
-                self._mark_failed(record, model_dir, exc.message)
-                raise self._load_error(record) from None
+                raise self._load_error(record, self._mark_failed(record, model_dir, exc.message)) from None
         new_versions: dict[int, ModelVersion] = {}
         failed: dict[int, str] = {v: f"version {v} is not present in the model directory" for v in prepared.missing_versions}
         for version in sorted(prepared.versions):
@@ -379,7 +388,8 @@ class ModelLifecycle:
             raise errors[0]
         return list(results)
 
-    def _mark_failed(self, record: ModelRecord, model_dir: Path, reason: str) -> None:
+    def _mark_failed(self, record: ModelRecord, model_dir: Path, reason: str) -> dict[int, str]:
+        """Versions that were loading become UNAVAILABLE (READY ones keep serving); {version: reason}."""
         log.error("failed to load '%s': %s", record.name, reason)
         versions = version_directories(model_dir) or {1: model_dir}
         for version in versions:
@@ -390,8 +400,10 @@ class ModelLifecycle:
         for version, state in record.versions.items():
             if state.state == LOADING:
                 record.versions[version] = VersionState(UNAVAILABLE, reason)
+        return {version: reason for version in versions}
 
     def _load_error(self, record: ModelRecord, failed: dict[int, str] | None = None) -> NaiadError:
+        """Triton's text: one line per version that failed, even when an older copy of it keeps serving."""
         lines = []
         for version, state in sorted(record.versions.items()):
             if failed is not None and version not in failed:

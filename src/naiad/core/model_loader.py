@@ -12,9 +12,9 @@ from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServic
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
 from naiad.config.ensemble import check_ensemble_graph
 from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
-from naiad.config.model_config import ConfigError, load_config_file, parse_config_json
+from naiad.config.model_config import ConfigError, ConfigReadError, load_config_file, parse_config_json
 from naiad.config.server_config import ServerConfig
-from naiad.config.validation import validate_config
+from naiad.config.validation import validate_config, validate_read
 from naiad.repository.local import config_file, version_directories
 from naiad.runtime.memory import rss_bytes
 from naiad.runtime.devices import gpu_count
@@ -46,6 +46,40 @@ def select_versions(config: mc.ModelConfig, available: dict[int, Path]) -> tuple
     return {v: available[v] for v in chosen}, []
 
 
+def read_config(
+    name: str, model_dir: Path, settings: ServerConfig, config_override: str | None = None
+) -> tuple[mc.ModelConfig, str, str]:
+    """(config, source, text): the config as written or overridden, named, with its backend known.
+
+    What Triton checks when it polls the repository; a failure here raises ConfigReadError.
+    """
+    text = ""
+    try:
+        if config_override is not None:
+            source = f"config override for '{name}'"
+            config = parse_config_json(config_override, source)
+        else:
+            path = config_file(model_dir, settings.model_config_name)
+            if path is None:
+                source = str(model_dir / "config.pbtxt")
+                config = mc.ModelConfig()
+            else:
+                source = str(path)
+                text = path.read_text(encoding="utf-8", errors="replace")
+                config = load_config_file(path)
+        if config.name and config.name != name:
+            raise ConfigError(f"{source}: field 'name': '{config.name}' does not match the model directory name '{name}'")
+        validate_read(config, source, text)
+        config.name = name
+        available = version_directories(model_dir)
+        resolve_backend(config, available[max(available)] if available else None)
+    except ConfigReadError:
+        raise
+    except ConfigError as exc:
+        raise ConfigReadError(str(exc)) from None
+    return config, source, text
+
+
 def prepare_model(
     name: str,
     model_dir: Path,
@@ -54,25 +88,9 @@ def prepare_model(
     config_override: str | None = None,
 ) -> PreparedModel:
     """Read (or take) the config, auto-complete it from the model file, fill defaults, validate."""
-    text = ""
-    if config_override is not None:
-        source = f"config override for '{name}'"
-        config = parse_config_json(config_override, source)
-    else:
-        path = config_file(model_dir, settings.model_config_name)
-        if path is None:
-            source = str(model_dir / "config.pbtxt")
-            config = mc.ModelConfig()
-        else:
-            source = str(path)
-            text = path.read_text(encoding="utf-8", errors="replace")
-            config = load_config_file(path)
-    if config.name and config.name != name:
-        raise ConfigError(f"{source}: field 'name': '{config.name}' does not match the model directory name '{name}'")
-    config.name = name
+    config, source, text = read_config(name, model_dir, settings, config_override)
     available = version_directories(model_dir)
     highest = available[max(available)] if available else None
-    resolve_backend(config, highest)
     if not available:
         raise ConfigError(f"model '{name}' has no version directory (e.g. {model_dir}/1/)")
     if not config.default_model_filename and config.platform != "ensemble":

@@ -21,6 +21,8 @@ def repo(tmp_path_factory):
     classifier_model(root, "classifier", labels=["a", "b", "c", "d", "e"])
     write_config(root / "broken", 'name: "broken"\nbackend: "onnxruntime"\nmax_batch_size: oops\n')
     (root / "broken" / "1").mkdir()
+    broken_file = identity_model(root, "broken_file", "FP32", [-1])
+    (broken_file / "1" / "model.onnx").write_bytes(b"not an onnx model")
     return root
 
 
@@ -53,13 +55,22 @@ def test_strings_roundtrip_as_bytes(server):
 
 def test_failed_model_is_unavailable_and_others_serve(server):
     entries = {e["name"]: e for e in server.repository_index()}
-    assert entries["broken"]["state"] == "UNAVAILABLE"
-    assert "config.pbtxt:3" in entries["broken"]["reason"]
+    assert entries["broken_file"]["state"] == "UNAVAILABLE"
+    assert "broken_file" in entries["broken_file"]["reason"] or "onnx" in entries["broken_file"]["reason"].lower()
     assert entries["add_sub"]["state"] == "READY"
     assert not server.is_ready()  # strict readiness: one model is not ready
     with pytest.raises(NaiadError) as err:
-        server.model_metadata("broken")
+        server.model_metadata("broken_file")
     assert err.value.code is ErrorCode.NOT_FOUND and "has no available versions" in err.value.message
+
+
+def test_unreadable_config_is_listed_by_name_only(server):
+    # As Triton: a config that does not parse never reaches a version state (it is logged, not indexed).
+    entries = {e["name"]: e for e in server.repository_index()}
+    assert entries["broken"] == {"name": "broken"}
+    with pytest.raises(NaiadError) as err:
+        server.model_metadata("broken")
+    assert err.value.code is ErrorCode.NOT_FOUND and "'broken' is not found" in err.value.message
 
 
 @pytest.mark.parametrize(
@@ -183,7 +194,10 @@ def test_failed_reload_keeps_old_version(tmp_path):
         write_config(model_dir, 'name: "m"\nmax_batch_size: [\n')
         with pytest.raises(NaiadError) as err:
             run(srv.load_model("m"))
-        assert err.value.code is ErrorCode.INVALID_ARG and "load failed for model 'm'" in err.value.message
+        assert err.value.code is ErrorCode.INTERNAL
+        assert err.value.message.startswith("failed to load 'm', failed to poll from model repository: ")
+        assert "config.pbtxt:2" in err.value.message
+        assert srv.is_ready()
         a = np.ones((1, 16), np.float32)
         assert srv.infer("m", {"INPUT0": a, "INPUT1": a})["OUTPUT0"][0, 0] == 2
 
