@@ -12,25 +12,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
 from naiad.config.completion import complete_tensor
 from naiad.config.model_config import ConfigError, parameter
+from naiad.config.onnx_io import ModelTensor, can_batch, check_model_io, completed_max_batch_size, ort_tensor
 
 log = logging.getLogger(__name__)
-
-ORT_TO_CONFIG = {
-    "tensor(bool)": mc.TYPE_BOOL,
-    "tensor(uint8)": mc.TYPE_UINT8,
-    "tensor(uint16)": mc.TYPE_UINT16,
-    "tensor(uint32)": mc.TYPE_UINT32,
-    "tensor(uint64)": mc.TYPE_UINT64,
-    "tensor(int8)": mc.TYPE_INT8,
-    "tensor(int16)": mc.TYPE_INT16,
-    "tensor(int32)": mc.TYPE_INT32,
-    "tensor(int64)": mc.TYPE_INT64,
-    "tensor(float16)": mc.TYPE_FP16,
-    "tensor(float)": mc.TYPE_FP32,
-    "tensor(double)": mc.TYPE_FP64,
-    "tensor(string)": mc.TYPE_STRING,
-    "tensor(bfloat16)": mc.TYPE_BF16,
-}
 
 # Triton's mapping of optimization.graph.level onto ORT levels (not the generic proto doc).
 GRAPH_LEVELS = {
@@ -48,12 +32,9 @@ def _resolve_model_path(model_file: Path) -> Path:
     return model_file
 
 
-def _dims(shape: list) -> list[int]:
-    return [d if isinstance(d, int) and d >= 0 else -1 for d in shape]
-
-
-def _is_dynamic(dim: object) -> bool:
-    return not isinstance(dim, int) or dim < 0
+def _model_tensors(session: ort.InferenceSession) -> tuple[list[ModelTensor], list[ModelTensor]]:
+    return ([ort_tensor(t.name, t.type, t.shape) for t in session.get_inputs()],
+            [ort_tensor(t.name, t.type, t.shape) for t in session.get_outputs()])
 
 
 class OnnxRuntimeBackend:
@@ -69,42 +50,27 @@ class OnnxRuntimeBackend:
             session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as exc:  # ORT raises its own exception types for bad files
             raise ConfigError(f"unable to load ONNX model '{path}': {exc}") from None
-        inputs, outputs = session.get_inputs(), session.get_outputs()
-        tensors = list(inputs) + list(outputs)
-        batchable = bool(tensors) and all(len(t.shape) >= 1 and _is_dynamic(t.shape[0]) for t in tensors)
-        if config.max_batch_size == 0 and batchable:
-            # A config that lists full-rank dims for its inputs meant "no batching".
-            declared_full_rank = any(
-                len(c.dims) == len(i.shape) for c in config.input for i in inputs if c.name == i.name
-            )
-            if not declared_full_rank:
-                config.max_batch_size = max(default_max_batch_size, 0)
-                if config.max_batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
-                    config.dynamic_batching.SetInParent()
-        strip = 1 if config.max_batch_size > 0 else 0
-        if strip and not batchable:
-            raise ConfigError(
-                f"model '{config.name}' has max_batch_size {config.max_batch_size} but the first dimension of "
-                "its ONNX inputs/outputs is not dynamic, so it cannot batch (set max_batch_size: 0)"
-            )
+        inputs, outputs = _model_tensors(session)
+        batch_size = completed_max_batch_size(config, inputs, outputs, default_max_batch_size)
+        if batch_size != config.max_batch_size:
+            config.max_batch_size = batch_size
+            if batch_size > 1 and config.WhichOneof("scheduling_choice") is None:
+                config.dynamic_batching.SetInParent()
+        strip = 1 if config.max_batch_size > 0 and can_batch(inputs, outputs) else 0
         provided = _batcher_provided(config)
         for field, graph_tensors in ((config.input, inputs), (config.output, outputs)):
             declared = {t.name: t for t in field}
             for tensor in graph_tensors:
                 if tensor.name in provided and tensor.name not in declared:
                     continue  # control and state tensors come from the sequence batcher
-                data_type = ORT_TO_CONFIG.get(tensor.type)
-                if data_type is None:
-                    raise ConfigError(f"ONNX tensor '{tensor.name}' has unsupported type {tensor.type}")
-                dims = _dims(tensor.shape[strip:])
-                complete_tensor(config, declared, field, tensor.name, data_type, dims, "ONNX model")
-        graph_names = {t.name for t in tensors}
-        for tensor in list(config.input) + list(config.output):
-            if tensor.name not in graph_names:
-                raise ConfigError(
-                    f"unable to load model '{config.name}': '{tensor.name}' is not an input or output of the ONNX model "
-                    f"(it has {sorted(graph_names)})"
-                )
+                existing = declared.get(tensor.name)
+                if existing is not None and existing.data_type not in (mc.TYPE_INVALID, tensor.data_type):
+                    continue  # a contradiction: check_model_io reports it in Triton's words
+                if tensor.data_type == mc.TYPE_INVALID:
+                    raise ConfigError(f"ONNX tensor '{tensor.name}' of model '{config.name}' has a type with no "
+                                      "Triton datatype")
+                complete_tensor(config, declared, field, tensor.name, tensor.data_type, list(tensor.shape[strip:]),
+                                "ONNX model")
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> OnnxRuntimeInstance:
         return OnnxRuntimeInstance(source, spec)
@@ -198,6 +164,10 @@ class OnnxRuntimeInstance:
             raise
         except Exception as exc:
             raise ConfigError(f"unable to create ONNX Runtime session for '{path}': {exc}") from None
+        problems = check_model_io(config, *_model_tensors(self._session))
+        if problems:
+            self._session = None
+            raise ConfigError(problems[0].message)
         self._string_inputs = {
             i.name for i in self._session.get_inputs() if i.type == "tensor(string)"
         }

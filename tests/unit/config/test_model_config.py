@@ -9,7 +9,7 @@ from naiad.backends.registry import BackendRegistry
 from naiad.config.completion import fill_instance_groups
 from naiad.config.model_config import ConfigError, config_to_dict, parse_config_text
 from naiad.config.server_config import ServerConfig
-from naiad.core.model_loader import prepare_model, select_versions
+from naiad.core.model_loader import instance_source, instance_specs, prepare_model, select_versions
 from tests.support.onnx_models import add_sub_model, add_sub_onnx, write_config
 
 
@@ -90,8 +90,10 @@ def test_config_conflicting_with_graph_is_refused(tmp_path):
     model_dir = add_sub_model(tmp_path, "m")
     text = (model_dir / "config.pbtxt").read_text().replace("TYPE_FP32", "TYPE_INT32", 1)
     write_config(model_dir, text)
-    with pytest.raises(ConfigError, match="TYPE_INT32"):
-        prepare_model("m", model_dir, ServerConfig(), BackendRegistry())
+    prepared = prepare_model("m", model_dir, ServerConfig(), BackendRegistry())
+    backend, source = instance_source(prepared, 1, ServerConfig(), BackendRegistry(), None)
+    with pytest.raises(ConfigError, match="configuration expects datatype TYPE_INT32 for input 'INPUT0', model provides TYPE_FP32"):
+        backend.create_instance(source, instance_specs(prepared.config)[0])
 
 
 def test_semantic_error_names_line_and_field(tmp_path):
