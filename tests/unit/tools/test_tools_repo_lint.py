@@ -82,3 +82,58 @@ def test_cli_exit_status_and_json(tmp_path):
                              capture_output=True, text=True, timeout=60)
     doc = json.loads(as_json.stdout)
     assert doc["errors"] >= 1 and doc["problems"][0]["line"] == 3 and doc["problems"][0]["field"] == "max_batch_size"
+
+
+ONNX_CONTRADICTIONS = """name: "m"
+backend: "onnxruntime"
+max_batch_size: 8
+input [
+  { name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] },
+  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] }
+]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+  { name: "OUTPUT9" data_type: TYPE_FP32 dims: [ 16 ] }
+]
+"""
+
+
+def test_config_contradicting_its_onnx_model_is_reported_with_the_servers_reason(tmp_path):
+    add_sub_model(tmp_path, "m")  # INPUT0/INPUT1/OUTPUT0/OUTPUT1: FP32 [-1, 16]
+    (tmp_path / "m" / "config.pbtxt").write_text(ONNX_CONTRADICTIONS)
+    add_sub_model(tmp_path, "fine")
+    path = str(tmp_path / "m" / "config.pbtxt")
+    problems = {(p.field, p.line): p.message for p in lint_repository(tmp_path) if p.path == path}
+    assert problems == {
+        ("input.data_type", 5): "unable to load model 'm', configuration expects datatype TYPE_INT32 for input "
+                                "'INPUT0', model provides TYPE_FP32",
+        ("input.dims", 6): "model 'm', tensor 'INPUT1': the model expects 2 dimensions (shape [-1,16]) but the model "
+                           "configuration specifies 3 dimensions (an initial batch dimension because max_batch_size > 0 "
+                           "followed by the explicit tensor shape, making complete shape [-1,1,16])",
+        ("output", 10): "unexpected inference output 'OUTPUT9', allowed outputs are: OUTPUT0, OUTPUT1",
+    }
+    assert not [p for p in lint_repository(tmp_path) if p.model == "fine"]
+    cli = subprocess.run([sys.executable, "-m", "naiad", "repo", "lint", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1
+    assert f"{path}:6: error: field 'input.dims': model 'm', tensor 'INPUT1'" in cli.stdout
+
+
+def test_legitimate_onnx_configs_are_clean(tmp_path):
+    from tests.support.onnx_models import identity_onnx, io_block, reshape_model
+
+    reshape_model(tmp_path, "reshaped")
+    identity_onnx(tmp_path / "specific" / "1" / "model.onnx", "FP32", ["n", 16])
+    (tmp_path / "specific" / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 0\n' + io_block("input", "INPUT0", "FP32", [1, 16])
+        + io_block("output", "OUTPUT0", "FP32", [-1, 16]))
+    identity_onnx(tmp_path / "completed" / "1" / "model.onnx", "FP32", ["n", 16])
+    (tmp_path / "completed" / "config.pbtxt").write_text(  # max_batch_size left to auto-complete
+        'backend: "onnxruntime"\n' + io_block("input", "INPUT0", "FP32", [16]))
+    assert lint_repository(tmp_path) == []
+
+
+def test_model_py_alone_is_a_python_model(tmp_path):
+    (tmp_path / "auto" / "1").mkdir(parents=True)
+    (tmp_path / "auto" / "1" / "model.py").write_text("")
+    assert lint_repository(tmp_path) == []

@@ -15,11 +15,14 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.config.completion import default_model_filename, resolve_backend
 from naiad.config.ensemble import check_ensemble_graph, composing_models
 from naiad.config.model_config import ConfigError, parse_config_text
+from naiad.config.onnx_io import check_model_io, completed_max_batch_size
 from naiad.config.validation import validate_config
+from naiad.tools.repo_lint.onnx_model import onnx_tensors
 
 CONFIG = "config.pbtxt"
-AUTO_COMPLETE_FILES = ("model.onnx", "model.pt", "model.pt2", "model.xml", "model.savedmodel", "model.graphdef",
-                       "xgboost.json", "xgboost.ubj", "xgboost.model", "model.txt", "checkpoint.tl")
+AUTO_COMPLETE_FILES = ("model.onnx", "model.pt", "model.py", "model.pt2", "model.xml", "model.savedmodel",
+                       "model.graphdef", "xgboost.json", "xgboost.ubj", "xgboost.model", "model.txt", "checkpoint.tl")
+DEFAULT_MAX_BATCH_SIZE = 4  # the server's default for auto-completed batching (--backend-config default-max-batch-size)
 _WHERE = re.compile(r"^(?P<file>.+?):(?P<line>\d+)(?::\d+)?: (?P<rest>.*)$", re.S)
 _FIELD = re.compile(r"^field '(?P<field>[^']+)': (?P<message>.*)$", re.S)
 
@@ -114,6 +117,8 @@ class ModelLinter:
                 validate_config(config, str(self.config_path), self.text)
             except ConfigError as exc:
                 self.add_config_error(exc)
+        if config.backend == "onnxruntime" and not [p for p in self.problems if p.severity == "error"]:
+            self._onnx_io(config)
         return self.problems
 
     def _read_config(self, versions: dict[int, Path]) -> mc.ModelConfig | None:
@@ -195,12 +200,8 @@ class ModelLinter:
                 self.add(f"directory '{entry.name}' is ignored: version numbers start at 1 and have no leading zero",
                          path=entry, severity="warning")
 
-    def _files(self, config: mc.ModelConfig) -> None:
-        if config.platform == "ensemble" or not config.backend:
-            return
-        filename = default_model_filename(config)
-        if not filename:
-            return  # a backend from --backend-directory: its own model.py runs
+    def _chosen_versions(self, config: mc.ModelConfig) -> dict[int, Path]:
+        """The version directories the server loads under the config's version_policy."""
         chosen = version_dirs(self.dir)
         policy = config.version_policy
         if policy.HasField("specific"):
@@ -208,6 +209,15 @@ class ModelLinter:
         elif not policy.HasField("all") and chosen:
             count = policy.latest.num_versions if policy.HasField("latest") and policy.latest.num_versions > 0 else 1
             chosen = {v: chosen[v] for v in sorted(chosen)[-count:]}
+        return chosen
+
+    def _files(self, config: mc.ModelConfig) -> None:
+        if config.platform == "ensemble" or not config.backend:
+            return
+        filename = default_model_filename(config)
+        if not filename:
+            return  # a backend from --backend-directory: its own model.py runs
+        chosen = self._chosen_versions(config)
         for version, path in sorted(chosen.items()):
             if not (path / filename).exists():
                 field = "default_model_filename" if config.default_model_filename else "backend"
@@ -224,6 +234,36 @@ class ModelLinter:
                     if not (self.dir / "warmup" / spec.input_data_file).is_file():
                         self.add(f"warm-up '{warmup.name}' input '{name}' reads warmup/{spec.input_data_file}, "
                                  "which does not exist", "model_warmup.inputs.input_data_file", spec.input_data_file)
+
+    def _onnx_io(self, config: mc.ModelConfig) -> None:
+        """The config's tensors against the ONNX model's, as the server checks them when it loads."""
+        reported: set[str] = set()
+        for _, path in sorted(self._chosen_versions(config).items()):
+            model_file = path / default_model_filename(config)
+            try:
+                inputs, outputs = onnx_tensors(model_file)
+            except ValueError as exc:
+                self.add(str(exc), "default_model_filename" if config.default_model_filename else "backend",
+                         path=model_file)
+                continue
+            effective = mc.ModelConfig()
+            effective.CopyFrom(config)
+            # Without a config file the server completes every tensor; otherwise it adds the ones left out.
+            effective.max_batch_size = completed_max_batch_size(config, inputs, outputs, DEFAULT_MAX_BATCH_SIZE)
+            for problem in check_model_io(effective, inputs, outputs, count_inputs=False):
+                if problem.message in reported:
+                    continue
+                reported.add(problem.message)
+                kind = problem.field.split(".")[0]
+                self.add(problem.message, problem.field, line=self._tensor_line(kind, problem.tensor))
+
+    def _tensor_line(self, kind: str, tensor: str) -> int:
+        """The line naming `tensor` in the config's `kind` (input/output) list."""
+        start = self.line_of(f"{kind} [") or self.line_of(f"{kind} {{") or self.line_of(kind)
+        for number, line in enumerate(self.text.splitlines(), start=1):
+            if number >= start and f'"{tensor}"' in line and not line.lstrip().startswith("#"):
+                return number
+        return start
 
     def _ensemble(self, config: mc.ModelConfig) -> None:
         for model in composing_models(config):
