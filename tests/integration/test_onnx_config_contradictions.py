@@ -108,3 +108,16 @@ def test_legitimate_configs_load_and_serve(server: RunningServer) -> None:
     r = httpclient.InferInput("X", [1, 4], "FP32")
     r.set_data_from_numpy(np.array([[1, 2, 3, 4]], np.float32))
     assert client.infer("reshaped", [r]).as_numpy("Y").tolist() == [[1, 3, 2, 4]]
+
+
+def test_strict_model_config_checks_the_input_count(tmp_path: Path) -> None:
+    """Without auto-complete nothing fills a left-out input: the count is refused as Triton words it."""
+    add_sub_model(tmp_path, "partial")
+    write_config(tmp_path / "partial", _add_sub_config("partial", 8, [("INPUT0", "FP32", [16])],
+                                                       [("OUTPUT0", "FP32", [16])]))
+    add_sub_model(tmp_path, "complete")
+    with start_server(tmp_path, "--strict-model-config=true", "--exit-on-error=false") as running:
+        index = _index(running)
+        assert index["partial"]["state"] == "UNAVAILABLE"
+        assert index["partial"]["reason"] == "unable to load model 'partial', configuration expects 1 inputs, model provides 2"
+        assert index["complete"]["state"] == "READY"
