@@ -1,7 +1,8 @@
 """`naiad repo lint`: every problem of a model repository that would stop a model loading, with file/line/field.
 
 The checks follow what the server does when it loads a model (naiad.core.model_loader) but collect every
-problem instead of stopping at the first, and run on the files alone: no server, no framework imported.
+problem instead of stopping at the first, and run on the files alone: no server, and no framework imported but
+onnxruntime, which reads an ONNX model's inputs and outputs.
 """
 
 from __future__ import annotations
