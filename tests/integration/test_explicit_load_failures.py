@@ -100,7 +100,7 @@ def test_unreadable_override_of_a_loaded_model_says_why_and_keeps_it(server: Run
 def test_failed_reload_of_a_loaded_model_gives_the_version_reason(server: RunningServer) -> None:
     status, error = _load(server, "simple", GPU_JSON)
     assert status == 400
-    assert error.startswith("load failed for model 'simple': version 1 is at UNAVAILABLE state: ")
+    assert error.startswith("load failed for model 'simple': version 1 is at UNAVAILABLE state: Invalid argument: ")
     assert "KIND_GPU" in error and error.endswith(";\n")
     assert _index(server, "simple") == [{"name": "simple", "version": "1", "state": "READY"}]
     assert _ready_everywhere(server)

@@ -84,10 +84,11 @@ def test_contradicting_config_is_refused_at_load_naming_the_tensor(server: Runni
     tensor, reason = REFUSED[name]
     entry = _index(server)[name]
     assert entry["state"] == "UNAVAILABLE"
-    assert entry["reason"] == reason and f"'{tensor}'" in reason
+    assert entry["reason"] == f"Invalid argument: {reason}" and f"'{tensor}'" in reason
     status, body = post_json(f"http://{server.http_url}/v2/repository/models/{name}/load", {})
     assert status == 400
-    assert json.loads(body)["error"] == f"load failed for model '{name}': version 1 is at UNAVAILABLE state: {reason};\n"
+    assert json.loads(body)["error"] == (f"load failed for model '{name}': version 1 is at UNAVAILABLE state: "
+                                         f"Invalid argument: {reason};\n")
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         assert client.is_model_ready(name) is False
 
@@ -119,5 +120,6 @@ def test_strict_model_config_checks_the_input_count(tmp_path: Path) -> None:
     with start_server(tmp_path, "--strict-model-config=true", "--exit-on-error=false") as running:
         index = _index(running)
         assert index["partial"]["state"] == "UNAVAILABLE"
-        assert index["partial"]["reason"] == "unable to load model 'partial', configuration expects 1 inputs, model provides 2"
+        assert index["partial"]["reason"] == ("Invalid argument: unable to load model 'partial', configuration expects "
+                                              "1 inputs, model provides 2")
         assert index["complete"]["state"] == "READY"

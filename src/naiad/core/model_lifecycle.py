@@ -91,6 +91,18 @@ def _write_override_files(name: str, files: dict[str, bytes]) -> Path:
     return model_dir
 
 
+_ERROR_CODE_NAMES = ("Unknown: ", "Internal: ", "Not found: ", "Invalid argument: ", "Unavailable: ", "Unsupported: ",
+                     "Already exists: ", "Cancelled: ")
+
+
+def _reason(exc: BaseException) -> str:
+    """A version's UNAVAILABLE reason; as in Triton, a config problem's starts with its error code's name."""
+    text = str(exc) or type(exc).__name__
+    if isinstance(exc, ConfigError) and not text.startswith(_ERROR_CODE_NAMES):
+        return f"Invalid argument: {text}"
+    return text
+
+
 class ModelLifecycle:
     """All model records of one server; loads run on a bounded thread pool, routing on the loop."""
 
@@ -263,7 +275,7 @@ class ModelLifecycle:
             log.error("failed to load '%s': %s", name, exc)
             raise internal(f"failed to load '{name}', failed to poll from model repository: {exc}") from None
         except Exception as exc:  # a config problem, or a backend's own error: the model is UNAVAILABLE, never stuck LOADING
-            message = str(exc) if isinstance(exc, (ConfigError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
+            message = _reason(exc) if isinstance(exc, (ConfigError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
             raise self._load_error(record, self._mark_failed(record, model_dir, message)) from None
         if prepared.config.platform == "ensemble":
             try:
@@ -291,7 +303,7 @@ class ModelLifecycle:
                 model.memory_bytes = max(measured, _directory_bytes(prepared.versions[version]))
                 new_versions[version] = model
             except Exception as exc:  # any backend failure makes this version UNAVAILABLE with its reason
-                failed[version] = str(exc) or type(exc).__name__
+                failed[version] = _reason(exc)
                 log.error("failed to load '%s' version %d: %s", name, version, failed[version])
         old = {v: s.model for v, s in record.versions.items() if s.model is not None}
         # Switch routing: new versions become READY; versions no longer served are drained and closed.
