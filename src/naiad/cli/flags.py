@@ -89,11 +89,31 @@ IGNORED_TRITON_FLAGS = {
 }
 
 
+# tritonserver flags whose meaning Naiad cannot honour: refused with the reason rather than "unrecognized".
+REFUSED_TRITON_FLAGS = {
+    "--model-namespacing": "model names must be unique across repositories (rename the duplicates)",
+    "--repoagent-directory": "repository agents (checksum, decryption) are not supported",
+    "--cache-directory": "the response cache is built in (--cache-config local,size=BYTES); there are no cache libraries",
+    "--sagemaker-safe-port-range": "give --sagemaker-port instead",
+}
+
+
+class _Refused(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if isinstance(values, str) and values.strip().lower() in ("false", "0", "no", "off"):
+            return  # switched off: what Naiad does anyway
+        parser.error(f"{option_string} is not supported by Naiad: {REFUSED_TRITON_FLAGS[self.option_strings[0]]}")
+
+
 def _add_ignored_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("tritonserver flags accepted and ignored")
     for flag, why in IGNORED_TRITON_FLAGS.items():
         group.add_argument(flag, nargs="?", const="true", default=None, action="append", metavar="VALUE",
                            dest="ignored_" + flag[2:].replace("-", "_"), help=f"ignored: {why}")
+    refused = parser.add_argument_group("tritonserver flags refused")
+    for flag, why in REFUSED_TRITON_FLAGS.items():
+        refused.add_argument(flag, nargs="?", action=_Refused, default=argparse.SUPPRESS, metavar="VALUE",
+                             help=f"refused: {why}")
 
 
 def ignored_flag_warnings(args: argparse.Namespace) -> list[str]:

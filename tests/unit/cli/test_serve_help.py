@@ -21,6 +21,9 @@ def test_every_flag_has_a_description_and_a_default() -> None:
             continue
         text = formatter._get_help_string(action) or ""
         assert action.help and action.help.strip(), f"{action.option_strings[0]} has no description"
+        if action.default is argparse.SUPPRESS:  # a tritonserver flag Naiad refuses, saying why
+            assert text.startswith("refused: ")
+            continue
         assert re.search(r"(?<![-\w])default(?![-\w])|\(required\)", text, re.IGNORECASE), (action.option_strings, text)
 
 
@@ -30,3 +33,13 @@ def test_changed_settings_lists_only_what_differs() -> None:
                                       "--strict-readiness=false", "--http-port", "8000"])
     assert changed_settings(serve, args) == [
         ("--model-repository", "repo"), ("--strict-readiness", "false"), ("--exit-timeout-secs", "5")]
+
+
+def test_a_refused_tritonserver_flag_says_why(capsys) -> None:
+    import pytest
+
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["serve", "--model-repository", "r", "--model-namespacing=true"])
+    assert info.value.code == 2
+    assert "--model-namespacing is not supported by Naiad: model names must be unique" in capsys.readouterr().err
+    build_parser().parse_args(["serve", "--model-repository", "r", "--model-namespacing=false"])  # off: fine
