@@ -119,6 +119,7 @@ def test_help_shows_required_repository_and_every_default():
     process = _run("--help")
     assert process.returncode == 0
     assert process.stdout.startswith("usage: naiad serve --model-repository PATH [options]")
+    assert process.stdout.index("required:\n  --model-repository PATH") < process.stdout.index("  --http-port")
     for flag in ("--model-control-mode", "--exit-timeout-secs", "--repository-poll-secs", "--log-verbose"):
         block = process.stdout.split(f"  {flag} ", 1)[1].split("\n  --", 1)[0]
         assert "(default: " in " ".join(block.split()), (flag, block)

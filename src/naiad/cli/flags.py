@@ -227,6 +227,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="write the log to this file instead of stderr (default: stderr)")
     add_deploy_flags(parser, os.environ)
     _add_ignored_flags(parser)
+    # the one required flag first in --help, not after sixty optional ones
+    parser._action_groups.remove(required)
+    parser._action_groups.insert(0, required)
     parser.set_defaults(**vertex_defaults(os.environ))
 
 

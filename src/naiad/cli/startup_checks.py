@@ -8,6 +8,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from naiad.config.completion import DEFAULT_FILENAMES, PLATFORM_FILENAMES
 from naiad.config.server_config import ServerConfig
 
 
@@ -60,29 +61,52 @@ def _model_directory_signs(path: Path) -> list[str]:
     return signs
 
 
+def _model_files(path: Path) -> list[str]:
+    """Model files Triton looks for in a version directory (model.onnx, model.py, ...) found directly in `path`."""
+    names = set(DEFAULT_FILENAMES.values()) | set(PLATFORM_FILENAMES.values())
+    return sorted(name for name in names if (path / name).exists())
+
+
+def _check_local(text: str, path: Path) -> str | None:
+    """Raise for a path that cannot be a repository; a warning for one that holds no model."""
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (relative to the current directory, {os.getcwd()})"
+        raise StartupError(f"--model-repository {text}: unable to read model repository '{text}': "
+                           f"no such directory{where}")
+    if not path.is_dir():
+        raise StartupError(f"--model-repository {text} is a file: pass the directory that holds your model directories")
+    signs = _model_directory_signs(path)
+    if signs:
+        parent = os.path.dirname(os.path.normpath(str(path))) or "."
+        raise StartupError(
+            f"--model-repository {text} is a model directory (it contains {' and '.join(signs)}), not a "
+            f"model repository: pass the directory that holds your model directories, e.g. "
+            f"--model-repository {parent}")
+    files = _model_files(path)
+    if files:
+        repository = os.path.dirname(os.path.dirname(os.path.normpath(os.path.abspath(path))))
+        raise StartupError(
+            f"--model-repository {text} is a model version directory (it contains {', '.join(files)}): the layout "
+            f"is <repository>/<model>/<version>/{files[0]}, so pass the repository, e.g. --model-repository {repository}")
+    try:
+        has_model = any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(path))
+    except OSError:
+        return None  # the server's own check says why it cannot be read
+    if not has_model:
+        return (f"model repository '{text}' has no model directories: "
+                "expected <repository>/<model>/config.pbtxt and <repository>/<model>/1/<model file>")
+    return None
+
+
 def check_repositories(paths: list[str]) -> list[str]:
-    """Refuse a model directory given as a repository; returns warnings (a repository with no models)."""
+    """Refuse what cannot be a repository (missing, a model or version directory); returns warnings."""
     warnings = []
     for text in paths:
         if "://" in text and not text.startswith("file://"):
             continue  # object storage is listed when the server starts
-        path = Path(text[len("file://"):] if text.startswith("file://") else text)
-        if not path.is_dir():
-            continue  # the server's own check says it cannot read it
-        signs = _model_directory_signs(path)
-        if signs:
-            parent = os.path.dirname(os.path.normpath(str(path))) or "."
-            raise StartupError(
-                f"--model-repository {text} is a model directory (it contains {' and '.join(signs)}), not a "
-                f"model repository: pass the directory that holds your model directories, e.g. "
-                f"--model-repository {parent}")
-        try:
-            has_model = any(e.is_dir() and not e.name.startswith(".") for e in os.scandir(path))
-        except OSError:
-            continue
-        if not has_model:
-            warnings.append(f"model repository '{text}' has no model directories: "
-                            "expected <repository>/<model>/config.pbtxt and <repository>/<model>/1/<model file>")
+        warning = _check_local(text, Path(text[len("file://"):] if text.startswith("file://") else text))
+        if warning:
+            warnings.append(warning)
     return warnings
 
 

@@ -55,3 +55,19 @@ def test_model_table_puts_each_reason_line_on_its_own_row() -> None:
     assert lines[6].startswith("|       |         |   model.py(3): initialize")
     assert not any(line.startswith("| c ") for line in lines)  # never asked for: not in the table
     assert load_summary(index) == "1 model ready, 1 failed (reasons in the table above)"
+
+
+def test_a_version_directory_names_the_repository(tmp_path: Path) -> None:
+    version = tmp_path / "models" / "m" / "1"
+    version.mkdir(parents=True)
+    (version / "model.onnx").write_bytes(b"")
+    with pytest.raises(StartupError, match=f"is a model version directory \\(it contains model.onnx\\).*"
+                       f"--model-repository {tmp_path / 'models'}$"):
+        check_repositories([str(version)])
+
+
+def test_a_missing_relative_repository_says_relative_to_what(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(StartupError, match=f"unable to read model repository 'nope': no such directory "
+                       f"\\(relative to the current directory, {tmp_path}\\)"):
+        check_repositories(["nope"])
