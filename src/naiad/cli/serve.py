@@ -140,11 +140,8 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
         warnings = notices + check_repositories(config.model_repositories)
         check_ports(config)  # before models load: a taken port should not cost a long load first
         server = Server(config)
-    except StartupError as exc:
-        print(f"naiad: {exc}", file=sys.stderr)
-        return 1
-    except (ImportError, ValueError, OSError) as exc:
-        # e.g. a malformed s3:// URL, unreadable credentials, or a missing optional extra
+    except (StartupError, ImportError, ValueError, OSError) as exc:
+        # also a malformed s3:// URL, unreadable credentials, or a missing optional extra
         print(f"naiad: {exc}", file=sys.stderr)
         return 1
     _configure_logging(server.log_settings)
