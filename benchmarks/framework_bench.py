@@ -6,7 +6,7 @@ called in-process at the batch size the server formed.
     .venv/bin/python benchmarks/framework_bench.py --output benchmarks/results/frameworks.json
 
 Models (built here, with each framework's own API, from fixed seeds; each is "compute-heavy": one batch-1
-call in-process takes about 0.5 ms or more on this machine):
+call in-process takes about 0.5 ms or more on the benchmark VM):
   xgboost     FIL, XGBoost binary:logistic, 100 trees of depth 6, 32 features (the issue's tree-model case)
   lightgbm    FIL, LightGBM binary, 100 trees of 64 leaves, 32 features
   sklearn     FIL, scikit-learn RandomForestClassifier (100 trees, depth 10) through a Treelite checkpoint
@@ -23,11 +23,11 @@ Every answer is checked once against the framework before timing.
 
 Tree-model peers (the issue's XGBoost bar; --tree-concurrency 32, every server pinned to --server-core, run
 one after the other in each round, the order alternating between rounds):
-  - real Triton 2.51 (--triton-venv, default /work/triton-venv, started by benchmarks/start_triton.sh, with
+  - real Triton 2.51 (--triton-venv, default $TRITON_VENV or .venv-triton, started by benchmarks/start_triton.sh, with
     `pip install xgboost-cpu==3.2.0` in that venv): its Python backend calling xgboost's inplace_predict on the
     same xgboost.json (one instance, nthread 1, max_batch_size 4096, dynamic_batching {}), against Naiad over
     HTTP binary and gRPC (--tree-protocols);
-  - MLServer 1.7.1 (--mlserver-venv, default /work/bench-venvs/mlserver, made by setup_peers.sh plus
+  - MLServer 1.7.1 (--mlserver-venv, default .venv-bench/mlserver, made by setup_peers.sh plus
     `pip install --no-deps mlserver-xgboost==1.7.1 xgboost-cpu==3.2.0` plus `pip install scipy scikit-learn`)
     with its own XGBoost runtime (mlserver_xgboost.XGBoostModel, `debug: false`, `parallel_workers: 0`) on the
     same file, against Naiad over HTTP JSON (MLServer has no binary REST extension).
@@ -489,9 +489,9 @@ def main() -> int:
     parser.add_argument("--server-core", type=int, default=0)
     parser.add_argument("--client-core", type=int, default=1)
     parser.add_argument("--output", type=Path, help="write every round's rows as JSON")
-    parser.add_argument("--mlserver-venv", type=Path, default=Path("/work/bench-venvs/mlserver"),
+    parser.add_argument("--mlserver-venv", type=Path, default=Path(os.environ.get("NAIAD_BENCH_VENVS", ".venv-bench")) / "mlserver",
                         help="MLServer venv with mlserver-xgboost for the XGBoost peer (skipped when absent)")
-    parser.add_argument("--triton-venv", type=Path, default=Path("/work/triton-venv"),
+    parser.add_argument("--triton-venv", type=Path, default=Path(os.environ.get("TRITON_VENV", ".venv-triton")),
                         help="venv of benchmarks/start_triton.sh with xgboost installed (skipped when absent)")
     parser.add_argument("--skip-ceilings", action="store_true", help="only the XGBoost tree-peer comparison")
     args = parser.parse_args()

@@ -8,7 +8,7 @@ One run, interleaved round by round, on a random-weight Llama-layout model this 
 - **naiad c=1**: `naiad genai-perf` with one streaming client (the single-client TTFT);
 - **naiad c=N**: `naiad genai-perf` with N concurrent streaming clients (default 16);
 - with `--compare-src DIR`, the same two cells against a second server running the Naiad sources
-  in DIR (e.g. `git archive HEAD src | tar -x -C /tmp/before` -> `/tmp/before/src`).
+  in DIR (e.g. `git archive HEAD src | tar -x -C before` -> `before/src`).
 
 The servers run under `taskset -c <server core>` with OMP_NUM_THREADS=1, genai-perf under
 `taskset -c <client core>`. Every request asks for exactly `--osl` tokens (`ignore_eos`), so

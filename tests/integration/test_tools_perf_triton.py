@@ -22,7 +22,7 @@ from tests.support.servers import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_SCRIPT = ROOT / "benchmarks" / "start_triton.sh"
-TRITON_VENV = Path(os.environ.get("TRITON_VENV", "/work/triton-venv"))
+TRITON_VENV = Path(os.environ.get("TRITON_VENV", ROOT / ".venv-triton"))  # as benchmarks/start_triton.sh
 
 CONFIG = """backend: "python"
 max_batch_size: 8

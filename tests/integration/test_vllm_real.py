@@ -3,7 +3,7 @@
 `naiad serve` loads a tiny random-weight GPT-2 through vLLM's async engine and is driven over
 /generate, /generate_stream, gRPC ModelStreamInfer and the OpenAI API; greedy outputs must equal
 vLLM's own offline LLM.generate on the same prompts (tests/support/vllm_offline.py, run beside the
-server). Run: /work/vllm-venv/bin/python -m pytest tests/integration/test_vllm_real.py (docs/llm.md),
+server). Run: bash scripts/vllm_cpu_test.sh, which builds that venv (docs/llm.md),
 without -n: the tests share one server and the last one unloads its model.
 """
 

@@ -11,6 +11,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from naiad.backends.base import Backend
+from naiad.backends.gpu_only import instead
 
 _BUILTIN = {
     "onnxruntime": "naiad.backends.onnxruntime_backend:OnnxRuntimeBackend",
@@ -73,7 +74,7 @@ class BackendRegistry:
                 return self._python_based_backend(name, shared)
             where = f" and there is no '{Path(backend_directory) / name / 'model.py'}'" if backend_directory else ""
             raise BackendUnavailable(
-                f"unable to find backend '{name}': no built-in or installed backend has this name{where}"
+                f"unable to find backend '{name}': no built-in or installed backend has this name{where}{instead(name)}"
             )
         try:
             backend = _load(target)

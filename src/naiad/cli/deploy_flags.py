@@ -67,9 +67,10 @@ def add_deploy_flags(parser: argparse.ArgumentParser, env: Mapping[str, str]) ->
     grpc = parser.add_argument_group("gRPC security")
     _bool_flag(grpc, "--grpc-use-ssl", False, "serve gRPC over TLS (needs --grpc-server-cert/--grpc-server-key)")
     _bool_flag(grpc, "--grpc-use-ssl-mutual", False, "TLS with client certificates checked against --grpc-root-cert")
-    grpc.add_argument("--grpc-server-cert", default="", metavar="PEM")
-    grpc.add_argument("--grpc-server-key", default="", metavar="PEM")
-    grpc.add_argument("--grpc-root-cert", default="", metavar="PEM")
+    grpc.add_argument("--grpc-server-cert", default="", metavar="PEM", help="gRPC TLS server certificate (chain)")
+    grpc.add_argument("--grpc-server-key", default="", metavar="PEM", help="private key of --grpc-server-cert")
+    grpc.add_argument("--grpc-root-cert", default="", metavar="PEM",
+                      help="CA bundle that verifies client certificates (--grpc-use-ssl-mutual)")
     grpc.add_argument("--grpc-restricted-protocol", action="append", default=[], metavar="PROTOCOL[,...]:KEY=VALUE",
                       help="require metadata 'triton-grpc-protocol-KEY: VALUE' for these groups; repeatable")
     grpc.add_argument("--grpc-header-forward-pattern", default="", metavar="REGEX",

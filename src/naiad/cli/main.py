@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 
 from naiad import __version__
-from naiad.cli.flags import add_serve_flags, config_from_args
+from naiad.cli.flags import ServeHelpFormatter, add_serve_flags, config_from_args, ignored_flag_warnings, missing_repository
+from naiad.cli.startup_report import changed_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="naiad", description="Naiad inference server (Triton-compatible)")
     parser.add_argument("--version", action="version", version=f"naiad {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC")
+    serve = commands.add_parser("serve", help="serve a model repository over HTTP and gRPC",
+                                usage="naiad serve --model-repository PATH [options]",
+                                description="Serve a Triton model repository over HTTP/REST, gRPC and Prometheus "
+                                "metrics. Flags keep tritonserver's names.",
+                                formatter_class=ServeHelpFormatter)
     add_serve_flags(serve)
     add_tool_parsers(commands)
     return parser
@@ -33,6 +38,14 @@ def add_tool_parsers(commands: argparse._SubParsersAction) -> None:
     add_repo(commands)
 
 
+def subcommand(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of `naiad <name>`."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise KeyError(name)
+
+
 def _tool_argv(argv: list[str]) -> list[str]:
     """`naiad perf --llm ...` is `naiad genai-perf ...`."""
     if argv[:1] == ["perf"] and "--llm" in argv:
@@ -43,11 +56,16 @@ def _tool_argv(argv: list[str]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     import sys
 
-    args = build_parser().parse_args(_tool_argv(list(sys.argv[1:] if argv is None else argv)))
+    parser = build_parser()
+    args = parser.parse_args(_tool_argv(list(sys.argv[1:] if argv is None else argv)))
     if args.command == "serve":
         from naiad.cli.serve import run_serve
 
-        return run_serve(config_from_args(args))
+        serve = subcommand(parser, "serve")
+        if missing_repository(args):
+            serve.error("--model-repository is required: the directory that holds your model directories "
+                        "(e.g. --model-repository examples/models)")
+        return run_serve(config_from_args(args), changed_settings(serve, args), ignored_flag_warnings(args))
     if args.command == "perf":
         from naiad.tools.perf.cli import run as run_perf
 

@@ -191,17 +191,23 @@ class ModelLifecycle:
             record.versions = {1: VersionState(UNAVAILABLE, reason)}
             log.error(reason)
         wanted = sorted(locations) if names is None else names
-        done = 0
+        done = failed = 0
         step = max(len(wanted) // 10, 1)
 
         async def load_one(name: str) -> None:
-            nonlocal done
+            nonlocal done, failed
             try:
                 await self.load(name)
+            except BaseException:
+                failed += 1
+                raise
             finally:
                 done += 1
                 if done % step == 0 or done == len(wanted):
-                    log.info("loaded %d/%d models", done, len(wanted))
+                    # loaded and failed apart: "loaded 5/5" must not hide that two of them failed
+                    log.info("loaded %d/%d models%s%s", done - failed, len(wanted),
+                             f", {failed} failed" if failed else "",
+                             f", {len(wanted) - done} loading" if done < len(wanted) else "")
 
         results = await asyncio.gather(*(load_one(n) for n in wanted), return_exceptions=True)
         failures = []

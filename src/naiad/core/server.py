@@ -160,14 +160,29 @@ class Server:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._metrics_sampler
         timeout = self.config.exit_timeout_secs if timeout is None else timeout
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
-            log.warning("exit timeout reached with %d request(s) still in flight", self._inflight)
+        if self._inflight:
+            await self._drain(timeout)
         await self.models.unload_all()
         self.shared_memory.close()
         self.tracer.flush()
         self._live = False
+
+    async def _drain(self, timeout: float) -> None:
+        """Wait for the requests in flight, saying how many, for how long, and how it ended."""
+        count, started = self._inflight, time.monotonic()
+        log.info("draining %d request(s) (up to %g s)", count, timeout)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("exit timeout (%g s) reached with %d of %d request(s) still in flight: they are cancelled",
+                        timeout, self._inflight, count)
+        else:
+            log.info("drained %d request(s) in %.1f s", count, time.monotonic() - started)
+
+    @property
+    def inflight_requests(self) -> int:
+        """Requests accepted and not yet answered."""
+        return self._inflight
 
     # ------------------------------------------------------------ health and metadata
 

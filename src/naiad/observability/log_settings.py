@@ -13,6 +13,10 @@ from naiad.protocol.errors import invalid_arg, unavailable, unsupported
 
 FORMATS = ("default", "ISO8601")
 
+# `log.info(text, extra={VERBATIM: True})` prints text as written (tables, multi-line reasons the server
+# composed itself); other messages are escaped onto one line as Triton does.
+VERBATIM = "naiad_verbatim"
+
 
 @dataclass
 class LogSettings:
@@ -109,10 +113,13 @@ class TritonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         letter = _LETTERS.get(record.levelno, "I")
         message = record.getMessage()
+        if self.escape and not getattr(record, VERBATIM, False):
+            message = json.dumps(message, ensure_ascii=False)
+        # A traceback is for people: it follows the (escaped) message on lines of its own, as Python prints it.
         if record.exc_info:
             message += "\n" + self.formatException(record.exc_info)
-        if self.escape:
-            message = json.dumps(message, ensure_ascii=False)
+        if record.stack_info:
+            message += "\n" + self.formatStack(record.stack_info)
         where = f"{record.filename}:{record.lineno}"
         if self.settings.log_format == "ISO8601":
             stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created))

@@ -42,3 +42,27 @@ def test_formats_and_filter():
     assert not gate.filter(_record(logging.DEBUG))
     settings.update({"log_verbose_level": 1, "log_warning": False})
     assert gate.filter(_record(logging.DEBUG)) and not gate.filter(_record(logging.WARNING))
+
+
+def test_a_traceback_stays_multi_line_after_the_escaped_message():
+    formatter = TritonFormatter(LogSettings())
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        record = logging.LogRecord("naiad.x", logging.ERROR, "/src/naiad/x.py", 7, 'failed "here"', None, sys.exc_info())
+    lines = formatter.format(record).splitlines()
+    assert lines[0].endswith('x.py:7] "failed \\"here\\""')
+    assert lines[1] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: boom"
+
+
+def test_verbatim_records_keep_their_lines():
+    from naiad.observability.log_settings import VERBATIM
+
+    record = _record(logging.INFO, "\n+---+\n| a |\n+---+")
+    setattr(record, VERBATIM, True)
+    text = TritonFormatter(LogSettings()).format(record)
+    assert text.splitlines()[1:] == ["+---+", "| a |", "+---+"]
+    assert "\\n" not in text
