@@ -106,6 +106,9 @@ def _log_settings_table(changed: list[tuple[str, str]]) -> None:
 
 def _log_models(server: Server) -> None:
     index = server.repository_index()
+    # A model whose config could not be read has no version state; the table still shows why it failed.
+    index += [{"name": name, "version": "-", "state": "UNAVAILABLE", "reason": reason}
+              for name, reason in sorted(server.unreadable_models().items())]
     log.info("\n%s", model_table(index), extra={VERBATIM: True})
     _, failed = load_counts(index)
     (log.warning if failed else log.info)("%s", load_summary(index))

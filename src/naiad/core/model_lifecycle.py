@@ -119,6 +119,8 @@ class ModelLifecycle:
         self.residency = ResidencyManager(settings.model_memory_budget, settings.model_idle_unload_secs, pinned, self._evict)
         self._measure_lock = asyncio.Lock()  # loads are measured one at a time when a budget is set
         self.records: dict[str, ModelRecord] = {}
+        # Models whose config could not be read at their last load: not indexed (as Triton), but reported at start-up.
+        self.unreadable: dict[str, str] = {}
         self._executor = ThreadPoolExecutor(max_workers=max(settings.model_load_thread_count, 1), thread_name_prefix="naiad-load")
 
     # ------------------------------------------------------------ lookups
@@ -279,10 +281,13 @@ class ModelLifecycle:
             if files:
                 shutil.rmtree(model_dir.parent, ignore_errors=True)
             log.error("failed to load '%s': %s", name, exc)
+            self.unreadable[name] = str(exc)
             raise internal(f"failed to load '{name}', failed to poll from model repository: {exc}") from None
         except Exception as exc:  # a config problem, or a backend's own error: the model is UNAVAILABLE, never stuck LOADING
+            self.unreadable.pop(name, None)
             message = _reason(exc) if isinstance(exc, (ConfigError, OSError, ValueError)) else f"{type(exc).__name__}: {exc}"
             raise self._load_error(record, self._mark_failed(record, model_dir, message)) from None
+        self.unreadable.pop(name, None)
         if prepared.config.platform == "ensemble":
             try:
                 await self._load_dependencies(prepared.config)

@@ -420,6 +420,10 @@ class Server:
     def repository_index(self, ready_only: bool = False) -> list[dict]:
         return self.models.index(ready_only)
 
+    def unreadable_models(self) -> dict[str, str]:
+        """{model: reason} for models whose config.pbtxt could not be read (Triton's index leaves them out)."""
+        return dict(self.models.unreadable)
+
     def _check_explicit(self) -> None:
         if self.config.model_control_mode != "explicit":
             raise unavailable("explicit model load / unload is not allowed if polling is enabled")
