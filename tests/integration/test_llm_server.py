@@ -215,3 +215,55 @@ def test_generate_stream_disconnect_cancels_the_request(server):
             break
         time.sleep(0.02)
     assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1
+
+
+def test_several_llms_load_together_and_answer_concurrently(tmp_path):
+    """Four LLM models in one repository (loaded in parallel at start-up) all become READY and serve
+    generate and chat requests at the same time; those that share weights answer alike."""
+    first, second = build_tiny_llm(tmp_path / "hf_a", seed=0), build_tiny_llm(tmp_path / "hf_b", seed=1)
+    repo = tmp_path / "repo"
+    names = ("llm_a", "llm_b", "llm_c", "llm_d")
+    for name, hf in zip(names, (first, second, first, second)):
+        write_llm_repository(repo, hf, name=name)
+    with start_server(repo, "--openai-port", "0", timeout=180) as running:
+        assert not [l for l in running.output if "failed to load" in l]
+        for name in names:
+            with urllib.request.urlopen(f"http://{running.http_url}/v2/models/{name}/ready", timeout=10) as reply:
+                assert reply.status == 200
+        client = _client(running)
+        assert sorted(m.id for m in client.models.list().data) == list(names)
+        answers: dict[tuple[str, str], str] = {}
+        errors: list[BaseException] = []
+
+        def generate(name: str) -> None:
+            status, body = _post(f"http://{running.http_url}/v2/models/{name}/generate",
+                                 {"text_input": "hello world", "parameters": {"temperature": 0, "max_tokens": 20,
+                                                                              "ignore_eos": True}})
+            assert status == 200, body
+            answers[(name, "generate")] = json.loads(body)["text_output"]
+
+        def chat(name: str) -> None:
+            reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello world"}],
+                                                   max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+            assert reply.model == name and reply.usage.completion_tokens == 20
+            answers[(name, "chat")] = reply.choices[0].message.content
+
+        def guarded(work, name: str) -> None:
+            try:
+                work(name)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(work, name))
+                   for name in names for work in (generate, chat) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert len(answers) == 8
+        assert answers[("llm_a", "generate")] == answers[("llm_c", "generate")]
+        assert answers[("llm_a", "chat")] == answers[("llm_c", "chat")]
+        assert answers[("llm_b", "chat")] == answers[("llm_d", "chat")]
+        assert answers[("llm_a", "generate")] != answers[("llm_b", "generate")]
+        assert running.process.poll() is None

@@ -299,3 +299,35 @@ def test_an_engine_bug_fails_waiting_requests_instead_of_hanging(loaded):
     outputs, healthy = asyncio.run(run())
     assert not healthy
     assert len(outputs) == 1 and outputs[0].finished and "planner bug" in outputs[0].error
+
+
+def test_models_loaded_in_parallel_threads_all_get_their_weights(hf_dir):
+    """Instances load on executor threads; transformers patches process-wide attributes while it builds a
+    model, so overlapping loads used to leave tied weights (lm_head) on the meta device."""
+    import threading
+
+    from transformers.modeling_utils import PreTrainedModel
+
+    from naiad.backends.base import InstanceSpec
+    from naiad.backends.transformers_backend.backend import load_model
+
+    tie_weights = PreTrainedModel.tie_weights
+    spec = InstanceSpec("m_0", mc.ModelInstanceGroup(), mc.ModelInstanceGroup.KIND_CPU, 0)
+    for _ in range(3):  # the race does not show every time: a few rounds of four
+        results: list[object] = []
+
+        def load() -> None:
+            try:
+                model = load_model({"model": str(hf_dir)}, spec)[0]
+                results.append([name for name, p in model.named_parameters() if p.is_meta]
+                               or model.lm_head.weight is model.transformer.wte.weight)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                results.append(exc)
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert results == [True] * 4
+    assert PreTrainedModel.tie_weights is tie_weights  # no load left its no-op behind

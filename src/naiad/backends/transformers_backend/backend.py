@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,14 @@ _OWN = {"model", "tokenizer", "kv_cache_bytes", "max_num_seqs", "max_model_len",
 # other), so a small per-step budget there spreads a burst of arrivals over steps and keeps time
 # to first token low; a GPU gains from batching more.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048}
+
+# transformers' from_pretrained is not thread-safe: while it builds a model it swaps class and module
+# attributes for the whole process (PreTrainedModel.tie_weights and init_weights become no-ops, torch's
+# init functions are patched) and restores them on exit. Two loads that overlap restore each other's
+# patches: tied weights (a GPT-2 lm_head) stay on the meta device ("Cannot copy out of meta tensor"),
+# and the process may keep the no-op for good. Models are therefore built one at a time, tokenizers
+# included; moving a built model to its device and serving run in parallel.
+_FROM_PRETRAINED = threading.Lock()
 
 
 class TransformersBackend:
@@ -111,10 +120,11 @@ def load_model(settings: dict[str, Any], spec: InstanceSpec) -> tuple[Any, Any, 
         dtype = torch.float32
     trust = bool(settings.get("trust_remote_code", False))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(settings.get("tokenizer", settings["model"]), local_files_only=True,
-                                                  trust_remote_code=trust)
-        model = AutoModelForCausalLM.from_pretrained(settings["model"], local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=trust)
+        with _FROM_PRETRAINED:
+            tokenizer = AutoTokenizer.from_pretrained(settings.get("tokenizer", settings["model"]),
+                                                      local_files_only=True, trust_remote_code=trust)
+            model = AutoModelForCausalLM.from_pretrained(settings["model"], local_files_only=True, dtype=dtype,
+                                                         trust_remote_code=trust)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"unable to load the Hugging Face model from '{settings['model']}': {exc}") from None
     model.to(device).eval()
