@@ -205,6 +205,45 @@ def test_text_stream_holds_back_a_possible_stop_prefix():
     assert stream.text == "abEx "
 
 
+def test_text_stream_ending_inside_a_character_keeps_its_bytes_as_replacement(hf_dir):
+    """A generation cut inside a multi-byte character: the held bytes end the text as U+FFFD (what decoding
+    all the tokens gives) instead of vanishing while usage still counts their tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = tokenizer.encode("ok \u65e5")  # "日" is three bytes, one byte-level token each in this vocabulary
+    assert len(ids) >= 4
+    stream = TextStream(tokenizer, [], include_stop=False, skip_special_tokens=True)
+    for token in ids[:-1]:  # stop one byte short of the character
+        stream.add(token)
+    assert stream.take(False) == "ok "  # the two bytes are held, waiting for the third
+    stream.flush()
+    assert stream.take(True) == "\ufffd" == tokenizer.decode(ids[:-1])[len("ok "):]
+    complete = TextStream(tokenizer, [], include_stop=False, skip_special_tokens=True)
+    for token in ids:
+        complete.add(token)
+    complete.flush()  # nothing held: a no-op
+    assert complete.take(True) == "ok \u65e5"
+
+
+def test_max_tokens_null_means_up_to_the_context_limit(loaded):
+    assert parse_sampling({"max_tokens": None}, strict=True).max_tokens is None
+    assert parse_sampling({}, strict=True).max_tokens == 16
+
+    async def run():
+        engine = _engine(loaded, max_model_len=40)
+        try:
+            prompt = engine.tokenize("hello world")
+            reason, tokens = (await _generate(engine, "hello world", temperature=0, ignore_eos=True,
+                                              max_tokens=None))[1:]
+            return reason, tokens, len(prompt)
+        finally:
+            await engine.close()
+
+    reason, tokens, prompt = asyncio.run(run())
+    assert reason == "length" and tokens == 40 - prompt
+
+
 def test_sampling_parameters_are_checked():
     assert parse_sampling({"temperature": 0, "max_tokens": "5", "stop": "x", "ignore_eos": "true"}, True).max_tokens == 5
     with pytest.raises(SamplingError, match="unknown sampling parameter 'bogus'"):
@@ -228,6 +267,7 @@ def test_auto_complete_fills_the_vllm_contract():
     assert names["stream"] == (mc.TYPE_BOOL, [1], True)
     assert names["sampling_parameters"][2] and names["exclude_input_in_output"][2]
     assert {t.name for t in config.output} >= {"text_output", "finish_reason"}
+    assert names["prompt_token_ids"] == (mc.TYPE_INT64, [-1], True)
 
 
 def test_model_json_errors_name_the_file(tmp_path):

@@ -22,6 +22,7 @@ from naiad.protocol.errors import NaiadError, invalid_arg
 log = logging.getLogger("naiad.backends.transformers")
 
 DEFAULT_KV_CACHE_BYTES = 512 << 20
+TOKEN_IDS = "prompt_token_ids"  # optional input: the prompt as token ids, used instead of text_input
 DEFAULT_MAX_NUM_SEQS = 64
 
 # vLLM AsyncEngineArgs that mean nothing here: accepted so a repository moves between the two backends.
@@ -50,8 +51,11 @@ class TransformersBackend:
     name = "transformers"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
-        """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy."""
+        """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy; add the
+        optional prompt_token_ids input (a prompt given as token ids, as vLLM's prompts may be)."""
         auto_complete(config)
+        if TOKEN_IDS not in {t.name for t in config.input}:
+            config.input.add(name=TOKEN_IDS, data_type=mc.TYPE_INT64, optional=True).dims.append(-1)
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
         raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
@@ -190,5 +194,12 @@ class TransformersInstance:
             params = parse_sampling(parsed.sampling, strict=True)
         else:
             params = parse_sampling(request.parameters, strict=False)
+        ids = request.inputs.get(TOKEN_IDS)
+        if ids is not None and ids.size:
+            prompt_ids = [int(t) for t in ids.ravel()]
+            if not parsed.exclude_input:  # the prompt prepended to the output is its text
+                parsed.prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        else:
+            prompt_ids = self.engine.tokenize(parsed.prompt)
         emitter = Emitter(index, respond, parsed, set(request.requested_outputs))
-        return Sequence(self.engine.tokenize(parsed.prompt), params, emitter, request.is_cancelled)
+        return Sequence(prompt_ids, params, emitter, request.is_cancelled)
