@@ -257,6 +257,13 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
             assert reply.model == name and reply.usage.completion_tokens == 20
             answers[(name, "chat")] = reply.choices[0].message.content
 
+        def chat_stream(name: str) -> None:
+            chunks = list(client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hello world"}], max_tokens=20, temperature=0,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+            assert chunks[-1].usage.completion_tokens == 20 and not chunks[-1].choices
+            answers[(name, "chat_stream")] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
         def guarded(work, name: str) -> None:
             try:
                 work(name)
@@ -264,13 +271,14 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
                 errors.append(exc)
 
         threads = [threading.Thread(target=guarded, args=(work, name))
-                   for name in names for work in (generate, chat) for _ in range(2)]
+                   for name in names for work in (generate, chat, chat_stream) for _ in range(2)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(120)
         assert not errors, errors
-        assert len(answers) == 8
+        assert len(answers) == 12
+        assert all(answers[(name, "chat_stream")] == answers[(name, "chat")] for name in names)
         assert answers[("llm_a", "generate")] == answers[("llm_c", "generate")]
         assert answers[("llm_a", "chat")] == answers[("llm_c", "chat")]
         assert answers[("llm_b", "chat")] == answers[("llm_d", "chat")]

@@ -232,16 +232,24 @@ def test_max_tokens_null_means_up_to_the_context_limit(loaded):
 
     async def run():
         engine = _engine(loaded, max_model_len=40)
+        per_token = engine.bytes_per_token
         try:
-            prompt = engine.tokenize("hello world")
-            reason, tokens = (await _generate(engine, "hello world", temperature=0, ignore_eos=True,
-                                              max_tokens=None))[1:]
-            return reason, tokens, len(prompt)
+            prompt = len(engine.tokenize("hello world"))
+            by_context = (await _generate(engine, "hello world", temperature=0, ignore_eos=True, max_tokens=None))[1:]
         finally:
             await engine.close()
+        engine = _engine(loaded, max_model_len=512, kv_cache_bytes=per_token * 30)  # the budget binds first
+        try:
+            by_budget = (await _generate(engine, "hello world", temperature=0, ignore_eos=True, max_tokens=None))[1:]
+            with pytest.raises(EngineError, match="leave no room in the KV cache budget"):
+                engine.add(Sequence(list(range(1, 31)), parse_sampling({"max_tokens": None}, True), lambda o: None))
+        finally:
+            await engine.close()
+        return prompt, by_context, by_budget
 
-    reason, tokens, prompt = asyncio.run(run())
-    assert reason == "length" and tokens == 40 - prompt
+    prompt, by_context, by_budget = asyncio.run(run())
+    assert by_context == ("length", 40 - prompt)
+    assert by_budget == ("length", 30 - prompt)
 
 
 def test_sampling_parameters_are_checked():

@@ -103,8 +103,11 @@ class Engine:
             seq.max_new_tokens = seq.params.max_tokens
         if bad := [t for t in seq.prompt_ids if not 0 <= t < self.vocab_size]:
             raise EngineError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if seq.max_new_tokens < 1:
+            raise EngineError(f"the prompt's {n} tokens leave no room in the KV cache budget "
+                              f"(kv_cache_bytes={self.stats.kv_budget_bytes}); raise the budget")
         need = seq.reserved_tokens * self.bytes_per_token
-        if need > self.stats.kv_budget_bytes or seq.max_new_tokens < 1:
+        if need > self.stats.kv_budget_bytes:
             raise EngineError(f"the request needs {need} bytes of KV cache ({seq.reserved_tokens} tokens), more than "
                               f"kv_cache_bytes={self.stats.kv_budget_bytes}; lower max_tokens or raise the budget")
         p = seq.params
