@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
 from naiad.backends.transformers_backend.contract import Emitter, auto_complete, load_model_json, parse_request
-from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence
+from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, kv_bytes_per_token
 from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
 from naiad.backends.transformers_backend.stats import families
 from naiad.config.model_config import ConfigError
@@ -70,11 +70,13 @@ class TransformersBackend:
         settings = read_model_json(source.version_dir)
         loop = asyncio.get_running_loop()
         model, tokenizer, device, max_len = await loop.run_in_executor(None, load_model, settings, spec)
+        # a forward pass: off the event loop, which keeps serving the other models meanwhile
+        per_token = await loop.run_in_executor(None, kv_bytes_per_token, model)
         engine = Engine(
             model, tokenizer, device=device,
             kv_cache_bytes=int(settings.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)),
             max_num_seqs=int(settings.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
-            max_model_len=max_len, name=config.name,
+            max_model_len=max_len, name=config.name, bytes_per_token=per_token,
             max_num_batched_tokens=int(settings.get("max_num_batched_tokens",
                                                     DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device.type, 2048))),
         )

@@ -55,7 +55,7 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, device: torch.device, kv_cache_bytes: int,
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int = 2048,
-                 name: str = "llm") -> None:
+                 name: str = "llm", bytes_per_token: int | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -65,7 +65,7 @@ class Engine:
         self.kv = BatchKV()  # row i belongs to running[i]
         self.stats = EngineStats()
         self.stats.kv_budget_bytes = kv_cache_bytes
-        self.bytes_per_token = _kv_bytes_per_token(model)
+        self.bytes_per_token = bytes_per_token or kv_bytes_per_token(model)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.vocab_size = model.get_input_embeddings().num_embeddings
         self.waiting: deque[Sequence] = deque()
@@ -342,7 +342,7 @@ def _plain(seq: Sequence) -> bool:
             and len(seq.generated) >= p.min_tokens)
 
 
-def _kv_bytes_per_token(model: Any) -> int:
+def kv_bytes_per_token(model: Any) -> int:
     """Bytes of K and V one token takes across layers, measured with a one-token forward."""
     with torch.inference_mode():
         device = next(model.parameters()).device
