@@ -366,3 +366,40 @@ def test_text_accounts_for_every_counted_token(server):
     chat = client.chat.completions.create(model=SPLIT, messages=[{"role": "user", "content": "x"}], max_tokens=3,
                                           temperature=0, extra_body={"ignore_eos": True})
     assert chat.choices[0].message.content == "\ufffd" * 3 and chat.usage.completion_tokens == 3
+
+
+def test_llms_loaded_at_once_through_the_repository_api_while_another_streams(tmp_path):
+    """Explicit mode: two LLMs loaded by concurrent load calls both become READY while a third, already
+    loaded, keeps streaming without a gap in its answer."""
+    hf = build_tiny_llm(tmp_path / "hf")
+    repo = tmp_path / "repo"
+    for name in ("llm_a", "llm_b", "llm_c"):
+        write_llm_repository(repo, hf, name=name)
+    with start_server(repo, "--model-control-mode=explicit", "--load-model=llm_a", timeout=180) as running:
+        client = _client(running)
+        streamed: list[str] = []
+        loads: dict[str, int] = {}
+
+        def stream() -> None:
+            for chunk in client.completions.create(model="llm_a", prompt="hello", max_tokens=300, temperature=0,
+                                                   stream=True, extra_body={"ignore_eos": True}):
+                streamed.append(chunk.choices[0].text)
+
+        def load(name: str) -> None:
+            loads[name] = _post(f"http://{running.http_url}/v2/repository/models/{name}/load", {})[0]
+
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        loaders = [threading.Thread(target=load, args=(name,)) for name in ("llm_b", "llm_c")]
+        for thread in loaders:
+            thread.start()
+        for thread in loaders + [streaming]:
+            thread.join(120)
+        assert loads == {"llm_b": 200, "llm_c": 200}
+        whole = client.completions.create(model="llm_a", prompt="hello", max_tokens=300, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert "".join(streamed) == whole.choices[0].text and whole.usage.completion_tokens == 300
+        answers = {name: client.completions.create(model=name, prompt="hello", max_tokens=8, temperature=0,
+                                                   extra_body={"ignore_eos": True}).choices[0].text
+                   for name in ("llm_a", "llm_b", "llm_c")}
+        assert len(set(answers.values())) == 1  # the same weights loaded three times answer alike
