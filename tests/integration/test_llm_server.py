@@ -17,16 +17,27 @@ pytest.importorskip("transformers")
 openai = pytest.importorskip("openai")
 
 from tests.support.servers import post_json, start_server  # noqa: E402
-from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
+from tests.support.tiny_llm import build_tiny_llm, force_one_token, write_llm_repository  # noqa: E402
 
 MODEL = "tiny_llm"
+SHORT = "tiny_short"  # the same weights with a 40-token context
+SPLIT = "tiny_split"  # always generates the byte 0xE6: a character that never completes
+SHORT_CONTEXT = 40
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def hf_dir(tmp_path_factory):
+    return build_tiny_llm(tmp_path_factory.mktemp("llm_hf") / "hf")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, hf_dir):
     root = tmp_path_factory.mktemp("llm")
-    hf = build_tiny_llm(root / "hf")
-    repo = write_llm_repository(root / "repo", hf)
+    repo = write_llm_repository(root / "repo", hf_dir)
+    write_llm_repository(repo, hf_dir, name=SHORT, extra={"max_model_len": SHORT_CONTEXT})
+    split = build_tiny_llm(root / "hf_split")
+    force_one_token(split, "\u00e6")  # byte 0xE6 in the byte-level alphabet
+    write_llm_repository(repo, split, name=SPLIT)
     with start_server(repo, "--openai-port", "0", timeout=120) as running:
         line = next(l for l in running.output if l.startswith("NAIAD_READY "))
         running.openai_port = json.loads(line.split(" ", 1)[1])["openai_port"]
@@ -75,7 +86,7 @@ def test_generate_and_generate_stream(server):
 
 def test_openai_completions(server):
     client = _client(server)
-    assert [m.id for m in client.models.list().data] == [MODEL]
+    assert sorted(m.id for m in client.models.list().data) == sorted([MODEL, SHORT, SPLIT])
     whole = client.completions.create(model=MODEL, prompt="hello", max_tokens=10, temperature=0,
                                       extra_body={"ignore_eos": True})
     choice = whole.choices[0]
@@ -138,8 +149,6 @@ def test_openai_errors(server):
     client = _client(server)
     with pytest.raises(openai.BadRequestError, match="suffix"):
         client.completions.create(model=MODEL, prompt="x", suffix="y")
-    with pytest.raises(openai.BadRequestError, match="Unknown model"):
-        client.completions.create(model="nope", prompt="x")
     with pytest.raises(openai.BadRequestError, match="tools"):
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}],
                                        tools=[{"type": "function", "function": {"name": "f"}}])
@@ -215,3 +224,182 @@ def test_generate_stream_disconnect_cancels_the_request(server):
             break
         time.sleep(0.02)
     assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1
+
+
+def test_several_llms_load_together_and_answer_concurrently(tmp_path):
+    """Four LLM models in one repository (loaded in parallel at start-up) all become READY and serve
+    generate and chat requests at the same time; those that share weights answer alike."""
+    first, second = build_tiny_llm(tmp_path / "hf_a", seed=0), build_tiny_llm(tmp_path / "hf_b", seed=1)
+    repo = tmp_path / "repo"
+    names = ("llm_a", "llm_b", "llm_c", "llm_d")
+    for name, hf in zip(names, (first, second, first, second)):
+        write_llm_repository(repo, hf, name=name)
+    with start_server(repo, "--openai-port", "0", timeout=180) as running:
+        assert not [l for l in running.output if "failed to load" in l]
+        for name in names:
+            with urllib.request.urlopen(f"http://{running.http_url}/v2/models/{name}/ready", timeout=10) as reply:
+                assert reply.status == 200
+        client = _client(running)
+        assert sorted(m.id for m in client.models.list().data) == list(names)
+        answers: dict[tuple[str, str], str] = {}
+        errors: list[BaseException] = []
+
+        def generate(name: str) -> None:
+            status, body = _post(f"http://{running.http_url}/v2/models/{name}/generate",
+                                 {"text_input": "hello world", "parameters": {"temperature": 0, "max_tokens": 20,
+                                                                              "ignore_eos": True}})
+            assert status == 200, body
+            answers[(name, "generate")] = json.loads(body)["text_output"]
+
+        def chat(name: str) -> None:
+            reply = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "hello world"}],
+                                                   max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+            assert reply.model == name and reply.usage.completion_tokens == 20
+            answers[(name, "chat")] = reply.choices[0].message.content
+
+        def chat_stream(name: str) -> None:
+            chunks = list(client.chat.completions.create(
+                model=name, messages=[{"role": "user", "content": "hello world"}], max_tokens=20, temperature=0,
+                stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}))
+            assert chunks[-1].usage.completion_tokens == 20 and not chunks[-1].choices
+            answers[(name, "chat_stream")] = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+        def guarded(work, name: str) -> None:
+            try:
+                work(name)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=guarded, args=(work, name))
+                   for name in names for work in (generate, chat, chat_stream) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert len(answers) == 12
+        assert all(answers[(name, "chat_stream")] == answers[(name, "chat")] for name in names)
+        assert answers[("llm_a", "generate")] == answers[("llm_c", "generate")]
+        assert answers[("llm_a", "chat")] == answers[("llm_c", "chat")]
+        assert answers[("llm_b", "chat")] == answers[("llm_d", "chat")]
+        assert answers[("llm_a", "generate")] != answers[("llm_b", "generate")]
+        assert running.process.poll() is None
+
+
+def test_chat_without_max_tokens_generates_to_the_context_limit(server):
+    """OpenAI's chat has no max_tokens default: generation runs to EOS or the context (here 40 tokens)."""
+    client = _client(server)
+    reply = client.chat.completions.create(model=SHORT, messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == SHORT_CONTEXT - reply.usage.prompt_tokens > 16
+    streamed = list(client.chat.completions.create(model=SHORT, messages=[{"role": "user", "content": "hi"}],
+                                                   temperature=0, stream=True, stream_options={"include_usage": True},
+                                                   extra_body={"ignore_eos": True}))
+    assert streamed[-1].usage.completion_tokens == reply.usage.completion_tokens
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == reply.choices[0].message.content
+    # legacy completions keep OpenAI's and vLLM's default of 16; an explicit null lifts it
+    assert client.completions.create(model=SHORT, prompt="hi", temperature=0,
+                                     extra_body={"ignore_eos": True}).usage.completion_tokens == 16
+    unlimited = client.completions.create(model=SHORT, prompt="hi", temperature=0, max_tokens=None,
+                                          extra_body={"ignore_eos": True, "max_tokens": None})
+    assert unlimited.usage.completion_tokens == SHORT_CONTEXT - unlimited.usage.prompt_tokens
+
+
+def test_completions_take_lists_of_prompts_and_token_ids(server, hf_dir):
+    from transformers import AutoTokenizer
+
+    client = _client(server)
+    kw = {"model": MODEL, "max_tokens": 6, "temperature": 0, "extra_body": {"ignore_eos": True}}
+    single = {p: client.completions.create(prompt=p, **kw) for p in ("hello world", "the quick")}
+    both = client.completions.create(prompt=["hello world", "the quick"], n=2, **kw)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]  # choice p * n + i
+    assert [c.text for c in both.choices] == [single["hello world"].choices[0].text] * 2 + \
+        [single["the quick"].choices[0].text] * 2
+    assert both.usage.prompt_tokens == sum(r.usage.prompt_tokens for r in single.values())
+    assert both.usage.completion_tokens == 4 * 6
+    streamed: dict[int, str] = {}
+    for chunk in client.completions.create(prompt=["hello world", "the quick"], stream=True, **kw):
+        for choice in chunk.choices:
+            streamed[choice.index] = streamed.get(choice.index, "") + choice.text
+    assert streamed == {0: both.choices[0].text, 1: both.choices[2].text}
+    ids = AutoTokenizer.from_pretrained(hf_dir).encode("hello world")
+    by_ids = client.completions.create(prompt=ids, **kw)
+    assert by_ids.choices[0].text == single["hello world"].choices[0].text
+    assert by_ids.usage.prompt_tokens == len(ids)
+    many = client.completions.create(prompt=[ids, ids[:1]], **kw)
+    assert [c.index for c in many.choices] == [0, 1] and many.choices[0].text == by_ids.choices[0].text
+    with pytest.raises(openai.BadRequestError, match="outside the vocabulary"):
+        client.completions.create(prompt=[10 ** 6], **kw)
+    with pytest.raises(openai.BadRequestError, match="'prompt' must be"):
+        client.completions.create(prompt=["a", 1], **kw)
+    again = client.completions.create(prompt="hello world", **kw)  # the server still serves
+    assert again.choices[0].text == single["hello world"].choices[0].text
+
+
+def test_unknown_model_is_404_with_openai_error_object(server):
+    client = _client(server)
+    for call in (lambda: client.completions.create(model="nope", prompt="x"),
+                 lambda: client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}]),
+                 lambda: client.models.retrieve("nope")):
+        with pytest.raises(openai.NotFoundError) as caught:
+            call()
+        assert caught.value.status_code == 404 and caught.value.code == "model_not_found"
+        assert caught.value.param == "model" and "`nope` does not exist" in caught.value.message
+    status, body = _post(f"http://{server.http_url}/v1/completions", {"model": "nope", "prompt": "x"})
+    error = json.loads(body)["error"]
+    assert status == 404 and error["type"] == "invalid_request_error" and error["code"] == "model_not_found"
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_text_accounts_for_every_counted_token(server):
+    """A model that only ever emits the byte 0xE6 (a character's first byte, never completed): each byte is
+    text (U+FFFD, as decoding gives), where it used to be held back and dropped while usage counted it."""
+    client = _client(server)
+    whole = client.completions.create(model=SPLIT, prompt="hello", max_tokens=5, temperature=0,
+                                      extra_body={"ignore_eos": True})
+    assert whole.usage.completion_tokens == 5
+    assert whole.choices[0].text == "\ufffd" * 5
+    chunks = list(client.completions.create(model=SPLIT, prompt="hello", max_tokens=5, temperature=0, stream=True,
+                                            extra_body={"ignore_eos": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    chat = client.chat.completions.create(model=SPLIT, messages=[{"role": "user", "content": "x"}], max_tokens=3,
+                                          temperature=0, extra_body={"ignore_eos": True})
+    assert chat.choices[0].message.content == "\ufffd" * 3 and chat.usage.completion_tokens == 3
+
+
+def test_llms_loaded_at_once_through_the_repository_api_while_another_streams(tmp_path):
+    """Explicit mode: two LLMs loaded by concurrent load calls both become READY while a third, already
+    loaded, keeps streaming without a gap in its answer."""
+    hf = build_tiny_llm(tmp_path / "hf")
+    repo = tmp_path / "repo"
+    for name in ("llm_a", "llm_b", "llm_c"):
+        write_llm_repository(repo, hf, name=name)
+    with start_server(repo, "--model-control-mode=explicit", "--load-model=llm_a", timeout=180) as running:
+        client = _client(running)
+        streamed: list[str] = []
+        loads: dict[str, int] = {}
+
+        def stream() -> None:
+            for chunk in client.completions.create(model="llm_a", prompt="hello", max_tokens=300, temperature=0,
+                                                   stream=True, extra_body={"ignore_eos": True}):
+                streamed.append(chunk.choices[0].text)
+
+        def load(name: str) -> None:
+            loads[name] = _post(f"http://{running.http_url}/v2/repository/models/{name}/load", {})[0]
+
+        streaming = threading.Thread(target=stream)
+        streaming.start()
+        loaders = [threading.Thread(target=load, args=(name,)) for name in ("llm_b", "llm_c")]
+        for thread in loaders:
+            thread.start()
+        for thread in loaders + [streaming]:
+            thread.join(120)
+        assert loads == {"llm_b": 200, "llm_c": 200}
+        whole = client.completions.create(model="llm_a", prompt="hello", max_tokens=300, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert "".join(streamed) == whole.choices[0].text and whole.usage.completion_tokens == 300
+        answers = {name: client.completions.create(model=name, prompt="hello", max_tokens=8, temperature=0,
+                                                   extra_body={"ignore_eos": True}).choices[0].text
+                   for name in ("llm_a", "llm_b", "llm_c")}
+        assert len(set(answers.values())) == 1  # the same weights loaded three times answer alike

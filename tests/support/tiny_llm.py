@@ -48,6 +48,25 @@ def build_tiny_llm(directory: Path, *, vocab_size: int = 320, layers: int = 2, s
     return directory
 
 
+def force_one_token(directory: Path, token: str) -> int:
+    """Rewrite the saved model so that greedy decoding always picks `token` (a vocabulary entry); returns its id.
+
+    The final layer norm then outputs its bias whatever the input, and the (tied) output embedding of the
+    token is aligned with that bias."""
+    import torch
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    token_id = AutoTokenizer.from_pretrained(directory).convert_tokens_to_ids(token)
+    model = GPT2LMHeadModel.from_pretrained(directory)
+    with torch.no_grad():
+        bias = torch.ones_like(model.transformer.ln_f.bias)
+        model.transformer.ln_f.weight.zero_()
+        model.transformer.ln_f.bias.copy_(bias)
+        model.transformer.wte.weight[token_id] = 10 * bias
+    model.save_pretrained(directory)
+    return token_id
+
+
 def write_llm_repository(repo: Path, hf_dir: Path, *, name: str = "tiny_llm", kv_cache_bytes: int | None = None,
                          config_text: str = 'backend: "transformers"\n', extra: dict | None = None) -> Path:
     """A Triton-layout repository whose model.json points (relatively) at hf_dir."""

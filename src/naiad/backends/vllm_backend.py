@@ -54,7 +54,7 @@ def sampling_values(values: dict[str, Any], only_known: bool) -> dict[str, Any]:
     for key, value in values.items():
         if only_known and key not in PARAMETER_KEYS:
             continue
-        if value is None:
+        if value is None and key != "max_tokens":  # max_tokens None: up to the context limit (vLLM)
             continue
         try:
             if key in _BOOL_KEYS and isinstance(value, str):

@@ -205,6 +205,53 @@ def test_text_stream_holds_back_a_possible_stop_prefix():
     assert stream.text == "abEx "
 
 
+def test_text_stream_ending_inside_a_character_keeps_its_bytes_as_replacement(hf_dir):
+    """A generation cut inside a multi-byte character: the held bytes end the text as U+FFFD (what decoding
+    all the tokens gives) instead of vanishing while usage still counts their tokens."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(hf_dir)
+    ids = tokenizer.encode("ok \u65e5")  # "日" is three bytes, one byte-level token each in this vocabulary
+    assert len(ids) >= 4
+    stream = TextStream(tokenizer, [], include_stop=False, skip_special_tokens=True)
+    for token in ids[:-1]:  # stop one byte short of the character
+        stream.add(token)
+    assert stream.take(False) == "ok "  # the two bytes are held, waiting for the third
+    stream.flush()
+    assert stream.take(True) == "\ufffd" == tokenizer.decode(ids[:-1])[len("ok "):]
+    complete = TextStream(tokenizer, [], include_stop=False, skip_special_tokens=True)
+    for token in ids:
+        complete.add(token)
+    complete.flush()  # nothing held: a no-op
+    assert complete.take(True) == "ok \u65e5"
+
+
+def test_max_tokens_null_means_up_to_the_context_limit(loaded):
+    assert parse_sampling({"max_tokens": None}, strict=True).max_tokens is None
+    assert parse_sampling({}, strict=True).max_tokens == 16
+
+    async def run():
+        engine = _engine(loaded, max_model_len=40)
+        per_token = engine.bytes_per_token
+        try:
+            prompt = len(engine.tokenize("hello world"))
+            by_context = (await _generate(engine, "hello world", temperature=0, ignore_eos=True, max_tokens=None))[1:]
+        finally:
+            await engine.close()
+        engine = _engine(loaded, max_model_len=512, kv_cache_bytes=per_token * 30)  # the budget binds first
+        try:
+            by_budget = (await _generate(engine, "hello world", temperature=0, ignore_eos=True, max_tokens=None))[1:]
+            with pytest.raises(EngineError, match="leave no room in the KV cache budget"):
+                engine.add(Sequence(list(range(1, 31)), parse_sampling({"max_tokens": None}, True), lambda o: None))
+        finally:
+            await engine.close()
+        return prompt, by_context, by_budget
+
+    prompt, by_context, by_budget = asyncio.run(run())
+    assert by_context == ("length", 40 - prompt)
+    assert by_budget == ("length", 30 - prompt)
+
+
 def test_sampling_parameters_are_checked():
     assert parse_sampling({"temperature": 0, "max_tokens": "5", "stop": "x", "ignore_eos": "true"}, True).max_tokens == 5
     with pytest.raises(SamplingError, match="unknown sampling parameter 'bogus'"):
@@ -228,6 +275,7 @@ def test_auto_complete_fills_the_vllm_contract():
     assert names["stream"] == (mc.TYPE_BOOL, [1], True)
     assert names["sampling_parameters"][2] and names["exclude_input_in_output"][2]
     assert {t.name for t in config.output} >= {"text_output", "finish_reason"}
+    assert names["prompt_token_ids"] == (mc.TYPE_INT64, [-1], True)
 
 
 def test_model_json_errors_name_the_file(tmp_path):
@@ -299,3 +347,35 @@ def test_an_engine_bug_fails_waiting_requests_instead_of_hanging(loaded):
     outputs, healthy = asyncio.run(run())
     assert not healthy
     assert len(outputs) == 1 and outputs[0].finished and "planner bug" in outputs[0].error
+
+
+def test_models_loaded_in_parallel_threads_all_get_their_weights(hf_dir):
+    """Instances load on executor threads; transformers patches process-wide attributes while it builds a
+    model, so overlapping loads used to leave tied weights (lm_head) on the meta device."""
+    import threading
+
+    from transformers.modeling_utils import PreTrainedModel
+
+    from naiad.backends.base import InstanceSpec
+    from naiad.backends.transformers_backend.backend import load_model
+
+    tie_weights = PreTrainedModel.tie_weights
+    spec = InstanceSpec("m_0", mc.ModelInstanceGroup(), mc.ModelInstanceGroup.KIND_CPU, 0)
+    for _ in range(3):  # the race does not show every time: a few rounds of four
+        results: list[object] = []
+
+        def load() -> None:
+            try:
+                model = load_model({"model": str(hf_dir)}, spec)[0]
+                results.append([name for name, p in model.named_parameters() if p.is_meta]
+                               or model.lm_head.weight is model.transformer.wte.weight)
+            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+                results.append(exc)
+
+        threads = [threading.Thread(target=load) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert results == [True] * 4
+    assert PreTrainedModel.tie_weights is tie_weights  # no load left its no-op behind

@@ -14,7 +14,7 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse
-from naiad.backends.vllm_backend import VllmAdapter, VllmBackend, VllmInstance, read_settings
+from naiad.backends.vllm_backend import VllmAdapter, VllmBackend, VllmInstance, read_settings, sampling_values
 from naiad.protocol.errors import ErrorCode
 from tests.support.servers import start_server
 
@@ -123,6 +123,13 @@ def test_request_parameters_are_used_without_sampling_parameters():
         return engine.calls[0][1]
 
     assert asyncio.run(run()) == {"max_tokens": 7, "ignore_eos": True}
+
+
+def test_max_tokens_null_reaches_vllm_as_none():
+    """SamplingParams(max_tokens=None) is vLLM's "up to the context limit" (the OpenAI chat default); other
+    nulls are left to vLLM's defaults."""
+    assert sampling_values({"max_tokens": None, "temperature": None}, only_known=False) == {"max_tokens": None}
+    assert sampling_values({"temperature": 0}, only_known=True) == {"temperature": 0}
 
 
 def test_bad_sampling_parameters_answer_invalid_arg():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
 from naiad.backends.transformers_backend.contract import Emitter, auto_complete, load_model_json, parse_request
-from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence
+from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, kv_bytes_per_token
 from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
 from naiad.backends.transformers_backend.stats import families
 from naiad.config.model_config import ConfigError
@@ -21,6 +22,7 @@ from naiad.protocol.errors import NaiadError, invalid_arg
 log = logging.getLogger("naiad.backends.transformers")
 
 DEFAULT_KV_CACHE_BYTES = 512 << 20
+TOKEN_IDS = "prompt_token_ids"  # optional input: the prompt as token ids, used instead of text_input
 DEFAULT_MAX_NUM_SEQS = 64
 
 # vLLM AsyncEngineArgs that mean nothing here: accepted so a repository moves between the two backends.
@@ -34,6 +36,14 @@ _OWN = {"model", "tokenizer", "kv_cache_bytes", "max_num_seqs", "max_model_len",
 # to first token low; a GPU gains from batching more.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = {"cpu": 128, "cuda": 2048}
 
+# transformers' from_pretrained is not thread-safe: while it builds a model it swaps class and module
+# attributes for the whole process (PreTrainedModel.tie_weights and init_weights become no-ops, torch's
+# init functions are patched) and restores them on exit. Two loads that overlap restore each other's
+# patches: tied weights (a GPT-2 lm_head) stay on the meta device ("Cannot copy out of meta tensor"),
+# and the process may keep the no-op for good. Models are therefore built one at a time, tokenizers
+# included; moving a built model to its device and serving run in parallel.
+_FROM_PRETRAINED = threading.Lock()
+
 
 class TransformersBackend:
     """Hugging Face causal LMs from a local directory named by `<version>/model.json`."""
@@ -41,8 +51,11 @@ class TransformersBackend:
     name = "transformers"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
-        """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy."""
+        """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy; add the
+        optional prompt_token_ids input (a prompt given as token ids, as vLLM's prompts may be)."""
         auto_complete(config)
+        if TOKEN_IDS not in {t.name for t in config.input}:
+            config.input.add(name=TOKEN_IDS, data_type=mc.TYPE_INT64, optional=True).dims.append(-1)
 
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
         raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
@@ -57,11 +70,13 @@ class TransformersBackend:
         settings = read_model_json(source.version_dir)
         loop = asyncio.get_running_loop()
         model, tokenizer, device, max_len = await loop.run_in_executor(None, load_model, settings, spec)
+        # a forward pass: off the event loop, which keeps serving the other models meanwhile
+        per_token = await loop.run_in_executor(None, kv_bytes_per_token, model)
         engine = Engine(
             model, tokenizer, device=device,
             kv_cache_bytes=int(settings.get("kv_cache_bytes", DEFAULT_KV_CACHE_BYTES)),
             max_num_seqs=int(settings.get("max_num_seqs", DEFAULT_MAX_NUM_SEQS)),
-            max_model_len=max_len, name=config.name,
+            max_model_len=max_len, name=config.name, bytes_per_token=per_token,
             max_num_batched_tokens=int(settings.get("max_num_batched_tokens",
                                                     DEFAULT_MAX_NUM_BATCHED_TOKENS.get(device.type, 2048))),
         )
@@ -111,10 +126,11 @@ def load_model(settings: dict[str, Any], spec: InstanceSpec) -> tuple[Any, Any, 
         dtype = torch.float32
     trust = bool(settings.get("trust_remote_code", False))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(settings.get("tokenizer", settings["model"]), local_files_only=True,
-                                                  trust_remote_code=trust)
-        model = AutoModelForCausalLM.from_pretrained(settings["model"], local_files_only=True, dtype=dtype,
-                                                     trust_remote_code=trust)
+        with _FROM_PRETRAINED:
+            tokenizer = AutoTokenizer.from_pretrained(settings.get("tokenizer", settings["model"]),
+                                                      local_files_only=True, trust_remote_code=trust)
+            model = AutoModelForCausalLM.from_pretrained(settings["model"], local_files_only=True, dtype=dtype,
+                                                         trust_remote_code=trust)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"unable to load the Hugging Face model from '{settings['model']}': {exc}") from None
     model.to(device).eval()
@@ -180,5 +196,12 @@ class TransformersInstance:
             params = parse_sampling(parsed.sampling, strict=True)
         else:
             params = parse_sampling(request.parameters, strict=False)
+        ids = request.inputs.get(TOKEN_IDS)
+        if ids is not None and ids.size:
+            prompt_ids = [int(t) for t in ids.ravel()]
+            if not parsed.exclude_input:  # the prompt prepended to the output is its text
+                parsed.prompt = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        else:
+            prompt_ids = self.engine.tokenize(parsed.prompt)
         emitter = Emitter(index, respond, parsed, set(request.requested_outputs))
-        return Sequence(self.engine.tokenize(parsed.prompt), params, emitter, request.is_cancelled)
+        return Sequence(prompt_ids, params, emitter, request.is_cancelled)

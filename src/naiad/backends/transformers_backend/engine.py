@@ -44,6 +44,7 @@ class Sequence:
     generator: torch.Generator | None = None
     generated: list[int] = field(default_factory=list)
     reserved_tokens: int = 0
+    max_new_tokens: int = 0  # params.max_tokens, or what the reservation leaves when that is None
     arrival: float = field(default_factory=time.monotonic)
     last_token_at: float = 0.0
     finish_reason: str | None = None
@@ -54,7 +55,7 @@ class Engine:
 
     def __init__(self, model: Any, tokenizer: Any, *, device: torch.device, kv_cache_bytes: int,
                  max_num_seqs: int, max_model_len: int, max_num_batched_tokens: int = 2048,
-                 name: str = "llm") -> None:
+                 name: str = "llm", bytes_per_token: int | None = None) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.device = device
@@ -64,8 +65,9 @@ class Engine:
         self.kv = BatchKV()  # row i belongs to running[i]
         self.stats = EngineStats()
         self.stats.kv_budget_bytes = kv_cache_bytes
-        self.bytes_per_token = _kv_bytes_per_token(model)
+        self.bytes_per_token = bytes_per_token or kv_bytes_per_token(model)
         self.eos_ids = _eos_ids(model, tokenizer)
+        self.vocab_size = model.get_input_embeddings().num_embeddings
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"naiad-llm-{name}")
@@ -92,7 +94,18 @@ class Engine:
         if n >= self.max_model_len:
             raise EngineError(f"the prompt has {n} tokens; this model takes at most {self.max_model_len - 1} "
                               "prompt tokens (max_model_len)")
-        seq.reserved_tokens = min(n + seq.params.max_tokens, self.max_model_len)
+        if seq.params.max_tokens is None:
+            # Until EOS or the context limit; the KV reservation (the whole budget at most) bounds it too.
+            seq.reserved_tokens = min(self.max_model_len, self.stats.kv_budget_bytes // self.bytes_per_token)
+            seq.max_new_tokens = seq.reserved_tokens - n
+        else:
+            seq.reserved_tokens = min(n + seq.params.max_tokens, self.max_model_len)
+            seq.max_new_tokens = seq.params.max_tokens
+        if bad := [t for t in seq.prompt_ids if not 0 <= t < self.vocab_size]:
+            raise EngineError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+        if seq.max_new_tokens < 1:
+            raise EngineError(f"the prompt's {n} tokens leave no room in the KV cache budget "
+                              f"(kv_cache_bytes={self.stats.kv_budget_bytes}); raise the budget")
         need = seq.reserved_tokens * self.bytes_per_token
         if need > self.stats.kv_budget_bytes:
             raise EngineError(f"the request needs {need} bytes of KV cache ({seq.reserved_tokens} tokens), more than "
@@ -313,8 +326,10 @@ class Engine:
             seq.text.add(token)
             if seq.text.stopped:
                 reason = "stop"
-        if reason is None and (len(seq.generated) >= p.max_tokens or length + 1 >= self.max_model_len):
+        if reason is None and (len(seq.generated) >= seq.max_new_tokens or length + 1 >= self.max_model_len):
             reason = "length"
+        if reason is not None and not seq.text.stopped:
+            seq.text.flush()  # bytes of a character the generation ended inside of: U+FFFD, as decode() gives
         seq.finish_reason = reason
         return SequenceOutput(seq.text.take(reason is not None), reason is not None, reason,
                               len(seq.prompt_ids), len(seq.generated))
@@ -327,7 +342,7 @@ def _plain(seq: Sequence) -> bool:
             and len(seq.generated) >= p.min_tokens)
 
 
-def _kv_bytes_per_token(model: Any) -> int:
+def kv_bytes_per_token(model: Any) -> int:
     """Bytes of K and V one token takes across layers, measured with a one-token forward."""
     with torch.inference_mode():
         device = next(model.parameters()).device

@@ -23,7 +23,7 @@ class SamplingError(ValueError):
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: int | None = DEFAULT_MAX_TOKENS  # None: until EOS or the context limit (vLLM's meaning)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 or -1: off
@@ -77,6 +77,8 @@ def parse_sampling(values: dict[str, Any], strict: bool) -> SamplingParams:
                 continue
             raise SamplingError(f"sampling parameter '{key}' is not supported by the transformers backend")
         if value is None:
+            if key == "max_tokens":  # an explicit null: no limit but the context (vLLM's SamplingParams)
+                params.max_tokens = None
             continue
         if key in ("max_tokens", "top_k", "min_tokens", "n"):
             setattr(params, key, _number(key, value, int))
@@ -102,7 +104,7 @@ def parse_sampling(values: dict[str, Any], strict: bool) -> SamplingParams:
 
 
 def _check(p: SamplingParams) -> None:
-    if p.max_tokens < 1:
+    if p.max_tokens is not None and p.max_tokens < 1:
         raise SamplingError(f"max_tokens must be at least 1, got {p.max_tokens}")
     if p.temperature < 0:
         raise SamplingError(f"temperature must be non-negative, got {p.temperature}")
@@ -116,7 +118,7 @@ def _check(p: SamplingParams) -> None:
         raise SamplingError(f"repetition_penalty must be positive, got {p.repetition_penalty}")
     if not -2 <= p.presence_penalty <= 2 or not -2 <= p.frequency_penalty <= 2:
         raise SamplingError("presence_penalty and frequency_penalty must be in [-2, 2]")
-    if p.min_tokens < 0 or p.min_tokens > p.max_tokens:
+    if p.min_tokens < 0 or (p.max_tokens is not None and p.min_tokens > p.max_tokens):
         raise SamplingError("min_tokens must be between 0 and max_tokens")
 
 

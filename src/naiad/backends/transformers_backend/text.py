@@ -37,6 +37,16 @@ class TextStream:
         if self._stops:
             self._find_stop(before)
 
+    def flush(self) -> None:
+        """The generation ended: text of tokens still held as an incomplete character becomes U+FFFD, so the
+        text accounts for every generated token (as tokenizer.decode of them all does)."""
+        if self._read_offset == len(self._ids):
+            return
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset:])
+        self.text += full[len(prefix):]
+        self._prefix_offset = self._read_offset = len(self._ids)
+
     def _find_stop(self, before: int) -> None:
         longest = max(len(s) for s in self._stops)
         start = max(0, before - longest + 1)

@@ -26,19 +26,28 @@ if TYPE_CHECKING:
 
 OWNER = "Naiad"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
+TOKEN_IDS = "prompt_token_ids"  # optional input of models that take a prompt as token ids
 _RETURN_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.param = param
+        self.code = code
 
 
-def _error_body(status: int, message: str) -> bytes:
+def _unknown_model(name: str) -> ApiError:
+    # OpenAI's answer (vLLM's too, except that vLLM's `code` is the status number): typed clients
+    # read `code` as a string, and the openai client raises NotFoundError on the 404.
+    return ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+
+
+def _error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return orjson.dumps({"detail": message, "error": {"message": message, "type": kind, "param": None, "code": status}})
+    return orjson.dumps({"detail": message, "error": {"message": message, "type": kind, "param": param, "code": code}})
 
 
 async def _send_json(send: Send, status: int, body: bytes) -> None:
@@ -57,6 +66,7 @@ class Piece:
     prompt_tokens: int
     output_tokens: int
     final: bool
+    prompt_index: int = 0
 
 
 class OpenAIApp:
@@ -74,7 +84,7 @@ class OpenAIApp:
         except ClientDisconnected:
             return
         except ApiError as exc:
-            await _send_json(send, exc.status, _error_body(exc.status, exc.message))
+            await _send_json(send, exc.status, _error_body(exc.status, exc.message, exc.param, exc.code))
         except HttpError as exc:
             await _send_json(send, exc.status, _error_body(exc.status, exc.message))
 
@@ -87,7 +97,7 @@ class OpenAIApp:
             self._only(method, "GET")
             name = path[len("/v1/models/"):]
             if name not in self._llm_models():
-                raise ApiError(404, f"Unknown model: {name}")
+                raise _unknown_model(name)
             await _send_json(send, 200, orjson.dumps(self._model_card(name)))
         elif path == "/v1/completions":
             self._only(method, "POST")
@@ -143,12 +153,19 @@ class OpenAIApp:
         except RequestError as exc:
             raise ApiError(400, str(exc)) from None
         if request.model not in self._llm_models():
-            raise ApiError(400, f"Unknown model: {request.model}")
-        prompt = self._chat_prompt(request) if chat else request.prompt
-        assert prompt is not None
+            raise _unknown_model(request.model)
+        prompts = [self._chat_prompt(request)] if chat else request.prompts
         inputs = self._input_names(request.model)
+        if any(not isinstance(p, str) for p in prompts):
+            if TOKEN_IDS not in inputs:
+                raise ApiError(400, f"model '{request.model}' takes text prompts only (it has no '{TOKEN_IDS}' input)",
+                               param="prompt")
+            if request.echo:
+                raise ApiError(400, "'echo' is not supported with token-id prompts", param="echo")
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        streams = [self._choice(request, prompt, inputs, i) for i in range(request.n)]
+        # One choice per prompt and n: choice p * n + i is the i-th of prompt p (vLLM's numbering).
+        streams = [self._choice(request, prompt, inputs, p * request.n + i, i, p)
+                   for p, prompt in enumerate(prompts) for i in range(request.n)]
         merged = _merge(streams)
         # Errors before the first response are ordinary JSON errors with a status.
         try:
@@ -159,7 +176,7 @@ class OpenAIApp:
         except ClientDisconnected:
             await merged.aclose()
             return
-        writer = _ChatWriter(ident, request) if chat else _CompletionWriter(ident, request, prompt)
+        writer = _ChatWriter(ident, request) if chat else _CompletionWriter(ident, request, prompts)
         if request.stream:
             await self._stream(send, receive, first, merged, writer)
         else:
@@ -179,11 +196,16 @@ class OpenAIApp:
     def _input_names(self, model: str) -> set[str]:
         return {t["name"] for t in self.server.model_metadata(model)["inputs"]}
 
-    async def _choice(self, request: GenerationRequest, prompt: str, inputs: set[str], index: int) -> AsyncIterator[Piece]:
+    async def _choice(self, request: GenerationRequest, prompt: str | list[int], inputs: set[str], index: int,
+                      nth: int, prompt_index: int) -> AsyncIterator[Piece]:
         sampling = dict(request.sampling)
-        if index and "seed" in sampling:
-            sampling["seed"] = int(sampling["seed"]) + index  # n choices from one seed must differ
-        tensors = [_bytes("text_input", prompt), _bool("stream", True), _bytes("sampling_parameters", json.dumps(sampling))]
+        if nth and sampling.get("seed") is not None:
+            sampling["seed"] = int(sampling["seed"]) + nth  # n choices from one seed must differ
+        prompt_text = prompt if isinstance(prompt, str) else ""  # token ids travel in their own input
+        tensors = [_bytes("text_input", prompt_text), _bool("stream", True),
+                   _bytes("sampling_parameters", json.dumps(sampling))]
+        if not isinstance(prompt, str):
+            tensors.append(InferInput(TOKEN_IDS, "INT64", (len(prompt),), np.array(prompt, dtype=np.int64)))
         tensors.append(_bool("exclude_input_in_output", True))
         tensors.extend(_bool(flag, True) for flag in _RETURN_FLAGS if flag in inputs)
         infer = InferenceRequest(model_name=request.model, model_version="",
@@ -199,7 +221,7 @@ class OpenAIApp:
                     prompt_tokens = int(np.asarray(outputs["num_input_tokens"]).ravel()[0])
                 if "num_output_tokens" in outputs:
                     out_tokens = int(np.asarray(outputs["num_output_tokens"]).sum())
-            yield Piece(index, text, reason if final else None, prompt_tokens, out_tokens, final)
+            yield Piece(index, text, reason if final else None, prompt_tokens, out_tokens, final, prompt_index)
 
     async def _single(self, send: Send, receive: Receive, first: Piece | None, rest: AsyncIterator[Piece], writer) -> None:
         async def collect() -> list[Piece]:
@@ -239,7 +261,7 @@ class OpenAIApp:
         except ClientDisconnected:
             return
         except NaiadError as exc:  # after streaming began: an error event, status stays 200
-            await _event(send, {"error": {"message": exc.message, "type": "server_error", "code": _status(exc)}})
+            await _event(send, {"error": {"message": exc.message, "type": "server_error", "param": None, "code": None}})
         finally:
             await rest.aclose()
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
@@ -315,7 +337,7 @@ async def _merge(streams: list[AsyncIterator[Piece]]) -> AsyncIterator[Piece]:
 
 
 def _status(exc: NaiadError) -> int:
-    return 400 if exc.code in (ErrorCode.INVALID_ARG, ErrorCode.NOT_FOUND) else exc.code.http_status
+    return 400 if exc.code is ErrorCode.INVALID_ARG else exc.code.http_status
 
 
 def _first_text(array: Any) -> str:
@@ -336,48 +358,52 @@ def _bool(name: str, value: bool) -> InferInput:
 
 
 class _Usage:
-    def __init__(self, n: int) -> None:
-        self.prompt = 0
-        self.completion = [0] * n
+    """Each prompt's tokens once (whatever n), every choice's generated tokens."""
+
+    def __init__(self, choices: int) -> None:
+        self.prompts: dict[int, int] = {}
+        self.completion = [0] * choices
 
     def add(self, piece: Piece) -> None:
-        self.prompt = max(self.prompt, piece.prompt_tokens)
+        self.prompts[piece.prompt_index] = max(self.prompts.get(piece.prompt_index, 0), piece.prompt_tokens)
         self.completion[piece.index] += piece.output_tokens
 
     def as_dict(self) -> dict[str, int]:
-        done = sum(self.completion)
-        return {"prompt_tokens": self.prompt, "completion_tokens": done, "total_tokens": self.prompt + done}
+        prompt, done = sum(self.prompts.values()), sum(self.completion)
+        return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
 
 
 class _CompletionWriter:
     """text_completion objects and chunks."""
 
-    def __init__(self, ident: str, request: GenerationRequest, prompt: str) -> None:
-        self.ident, self.request, self.prompt = ident, request, prompt
+    def __init__(self, ident: str, request: GenerationRequest, prompts: list[str | list[int]]) -> None:
+        self.ident, self.request = ident, request
+        # echo is refused for token-id prompts, so an echoed prompt is text
+        self.echoed = [(p if isinstance(p, str) and request.echo else "") for p in prompts for _ in range(request.n)]
         self.created = int(time.time())
-        self.usage = _Usage(request.n)
+        self.usage = _Usage(len(self.echoed))
 
     def _base(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.ident, "object": "text_completion", "created": self.created, "model": self.request.model,
                 "choices": choices}
 
     def whole(self, pieces: list[Piece]) -> dict[str, Any]:
-        texts = [self.prompt if self.request.echo else "" for _ in range(self.request.n)]
-        reasons: list[str | None] = [None] * self.request.n
+        texts = list(self.echoed)
+        reasons: list[str | None] = [None] * len(texts)
         for piece in pieces:
             texts[piece.index] += piece.text
             reasons[piece.index] = piece.finish_reason or reasons[piece.index]
             self.usage.add(piece)
         doc = self._base([{"index": i, "text": texts[i], "finish_reason": reasons[i] or "stop", "logprobs": None}
-                          for i in range(self.request.n)])
+                          for i in range(len(texts))])
         doc["usage"] = self.usage.as_dict()
         return doc
 
     def opening(self) -> list[dict[str, Any]]:
         if not self.request.echo:
             return []
-        return [self._base([{"index": i, "text": self.prompt, "finish_reason": None, "logprobs": None}])
-                for i in range(self.request.n)]
+        return [self._base([{"index": i, "text": text, "finish_reason": None, "logprobs": None}])
+                for i, text in enumerate(self.echoed)]
 
     def chunks(self, piece: Piece) -> list[dict[str, Any]]:
         self.usage.add(piece)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-DEFAULT_MAX_TOKENS = 16  # Triton's --default-max-tokens
+# Legacy completions default to 16 tokens (OpenAI's and vLLM's CompletionRequest); chat completions have no
+# default: they generate until EOS or the context limit, which `"max_tokens": null` asks of the backend
+# (vLLM's SamplingParams(max_tokens=None)).
+DEFAULT_MAX_TOKENS = 16
 
 
 class RequestError(Exception):
@@ -39,7 +42,7 @@ class GenerationRequest:
     stream: bool
     include_usage: bool
     sampling: dict[str, Any]
-    prompt: str | None = None  # completions
+    prompts: list[str | list[int]] = field(default_factory=list)  # completions: texts or token ids
     messages: list[dict[str, Any]] = field(default_factory=list)  # chat
     echo: bool = False
     add_generation_prompt: bool = True
@@ -89,16 +92,32 @@ def parse_completion(body: Any) -> GenerationRequest:
         raise RequestError("the request body must be a JSON object")
     _check_fields(body, _COMPLETION)
     model, n, stream, include_usage, sampling = _common(body)
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str) or not prompt:
-        raise RequestError("'prompt' must be a single non-empty string")
-    sampling["max_tokens"] = _int(body, "max_tokens", 1) or DEFAULT_MAX_TOKENS
+    prompts = _prompts(body.get("prompt"))
+    # vLLM: max_tokens defaults to 16; an explicit null generates until EOS or the context limit.
+    sampling["max_tokens"] = _int(body, "max_tokens", 1) if "max_tokens" in body else DEFAULT_MAX_TOKENS
     echo = body.get("echo") or False
     if not isinstance(echo, bool):
         raise RequestError("'echo' must be a boolean")
-    return GenerationRequest(model, n, stream, include_usage, sampling, prompt=prompt, echo=echo)
+    return GenerationRequest(model, n, stream, include_usage, sampling, prompts=prompts, echo=echo)
+
+
+def _is_ids(value: Any) -> bool:
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value))
+
+
+def _prompts(prompt: Any) -> list[str | list[int]]:
+    """The API's four prompt forms: a string, a list of strings, token ids, a list of token-id lists."""
+    if isinstance(prompt, str) and prompt:
+        return [prompt]
+    if _is_ids(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) and p for p in prompt):
+        return list(prompt)
+    if isinstance(prompt, list) and prompt and all(_is_ids(p) for p in prompt):
+        return list(prompt)
+    raise RequestError("'prompt' must be a non-empty string, a list of non-empty strings, a list of token ids "
+                       "(non-negative integers) or a list of such lists")
 
 
 def parse_chat(body: Any) -> GenerationRequest:
@@ -128,8 +147,8 @@ def parse_chat(body: Any) -> GenerationRequest:
         if message.get("tool_calls"):
             raise RequestError("tool calls are not supported by this server")
         cleaned.append({"role": message["role"], "content": content})
-    max_tokens = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1) or DEFAULT_MAX_TOKENS
-    sampling["max_tokens"] = max_tokens
+    # No default: None asks for generation until EOS or the context limit (OpenAI, vLLM).
+    sampling["max_tokens"] = _int(body, "max_completion_tokens", 1) or _int(body, "max_tokens", 1)
     add = body.get("add_generation_prompt", True)
     return GenerationRequest(model, n, stream, include_usage, sampling, messages=cleaned,
                              add_generation_prompt=bool(add))
