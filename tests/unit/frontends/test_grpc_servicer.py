@@ -62,7 +62,7 @@ class FakeServer:
 
     def __init__(self, allow_client_shm: bool = True) -> None:
         self.config = ServerConfig(allow_client_shm=allow_client_shm, exit_timeout_secs=1.0,
-                                   grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", "naiad"))
+                                   grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", ServerConfig.grpc_server_impl))
         self.shared_memory = FakeShm()
         self.seen: list[InferenceRequest] = []
         self.cancelled: queue.Queue[str] = queue.Queue()
