@@ -236,3 +236,45 @@ def test_a_request_that_never_waits_runs_without_a_task(port):
         while chunk := conn.recv(65536):
             data += chunk
     assert data.endswith(b"\r\n\r\ntask")
+
+
+def _big_headers(total: int) -> bytes:
+    """Header lines of about `total` bytes, 500 bytes each."""
+    line = b"X-Filler-%04d: " + b"v" * 480 + b"\r\n"
+    return b"".join(line % i for i in range(total // len(line % 0) + 1))
+
+
+def test_headers_over_the_limit_in_the_first_read_are_431(port):
+    # All in one write: the read that starts the request is counted too (limit 8192 here).
+    request = b"GET /echo HTTP/1.1\r\nHost: x\r\n" + _big_headers(12000) + b"Connection: close\r\n\r\n"
+    answer = _exchange(port, request)
+    assert answer.startswith(b"HTTP/1.1 431 ") and b"exceed the maximum of 8192 bytes" in answer
+    # Unfinished: the headers stop half-way, still over the limit.
+    answer = _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 12000)
+    assert answer.startswith(b"HTTP/1.1 431 ")
+    # A request behind another in the same read (pipelined) is counted header by header.
+    small = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+    answer = _exchange(port, small + b"GET /echo HTTP/1.1\r\nHost: x\r\n" + _big_headers(12000) + b"\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 431 " in answer
+    # Just under the limit still passes.
+    fine = b"GET /echo HTTP/1.1\r\nHost: x\r\n" + _big_headers(6000) + b"Connection: close\r\n\r\n"
+    assert _exchange(port, fine).startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("chunks", [b"zz\r\nhello\r\n0\r\n\r\n", b"5\r\nhello\r\nfffffffffffffffffffff\r\n",
+                                    b"5;\x01\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n"])
+def test_an_invalid_chunk_is_answered_400(port, chunks):
+    head = b"POST /digest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    answer = _exchange(port, head + chunks)
+    assert answer.startswith(b"HTTP/1.1 400 ") and b"Invalid HTTP request received" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1 and b"connection: close" in answer.lower()
+    # Headers first, the bad chunk in a later read: the app already waits for the body.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(head)
+        time.sleep(0.1)
+        conn.sendall(chunks)
+        data = b""
+        while chunk := conn.recv(65536):
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 400 ") and data.count(b"HTTP/1.1 ") == 1
+    assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
