@@ -201,7 +201,7 @@ def test_encode_binary_response_order_and_empty_outputs():
     first = OutputTensor("A", "INT32", (2,), np.array([1, 2], dtype=np.int32))
     empty = OutputTensor("E", "FP32", (0, 3), np.zeros((0, 3), dtype=np.float32))
     text = OutputTensor("S", "BYTES", (1,), np.array([b"xyz"], dtype=np.object_))
-    shm = OutputTensor("M", "FP32", (4,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 16})
+    shm = OutputTensor("M", "FP32", (4,), None)  # written to shared memory
     as_json = OutputTensor("J", "INT8", (1,), np.array([-3], dtype=np.int8))
     plan = OutputPlan(default_binary=True, binary={"J": False})
     body, n = encode_infer_response(_response(first, empty, text, shm, as_json), plan)
@@ -209,7 +209,7 @@ def test_encode_binary_response_order_and_empty_outputs():
     params = [o.get("parameters") for o in doc["outputs"]]
     assert params[0] == {"binary_data_size": 8} and params[1] == {"binary_data_size": 0}
     assert params[2] == {"binary_data_size": 7}
-    assert params[3] == {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+    assert doc["outputs"][3] == {"name": "M", "datatype": "FP32", "shape": [4]}
     assert "data" not in doc["outputs"][3] and doc["outputs"][4]["data"] == [-3]
     assert body[n:] == np.array([1, 2], dtype=np.int32).tobytes() + struct.pack("<I", 3) + b"xyz"
 
