@@ -34,3 +34,16 @@ def load_request_json(data: bytes | memoryview) -> Any:
         except ValueError:
             pass  # not valid even with the extension: report orjson's finding
     raise invalid_arg(f"failed to parse the request JSON buffer: {error}")
+
+
+def json_preview(value: Any, limit: int = 120) -> str:
+    """Compact JSON text of a request value for an error message: bounded in length, and safe for
+    values nested arbitrarily deep (orjson refuses depth past its limit instead of recursing)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        text = str(value)  # also integers beyond 64 bits, which orjson does not write
+    else:
+        try:
+            text = orjson.dumps(value).decode("utf-8")
+        except (orjson.JSONEncodeError, TypeError):
+            text = f"<a {type(value).__name__} nested too deeply to show>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -14,6 +14,7 @@ import orjson
 
 from naiad.protocol.datatypes import BYTE_SIZES, WIRE_DTYPES, is_valid_datatype, numpy_dtype
 from naiad.protocol.errors import NaiadError, invalid_arg
+from naiad.protocol.request_json import json_preview
 
 MAX_JSON_DEPTH = 100
 _LEN = struct.Struct("<I")
@@ -34,7 +35,7 @@ def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
     for dim in raw:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise invalid_arg(
-                f"shape of input '{input_name}' must contain only non-negative integers, got {list(raw)}"
+                f"shape of input '{input_name}' must contain only non-negative integers, got {json_preview(list(raw))}"
             )
     return tuple(raw)
 
