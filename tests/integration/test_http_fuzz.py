@@ -127,6 +127,12 @@ def _check(server: RunningServer, payload: bytes) -> None:
     statuses = _statuses(answer)
     assert all(status < 500 for status in statuses), (payload[:300], answer[:500])
     assert server.process.poll() is None, "the server died"
+    _assert_no_traceback(server)
+
+
+def _assert_no_traceback(server: RunningServer) -> None:
+    log = "".join(server.output)
+    assert "Traceback" not in log and "exception in ASGI application" not in log, log[-3000:]
 
 
 FUZZ = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -189,9 +195,8 @@ def test_any_json_value_anywhere_never_gets_a_5xx(server: RunningServer, request
 
 
 def test_the_server_is_healthy_after_fuzzing(server: RunningServer) -> None:
-    """Runs after the fuzz tests (file order): no traceback was logged and inference still works."""
-    log = "".join(server.output)
-    assert "Traceback" not in log and "exception in ASGI application" not in log, log[-3000:]
+    """After the fuzz tests (file order): no traceback was logged and inference still works."""
+    _assert_no_traceback(server)
     client = httpclient.InferenceServerClient(server.http_url)
     try:
         a = np.arange(4, dtype=np.int32).reshape(1, 4)
