@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
+import io
 import socket
 import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
 from naiad.frontends.uvicorn_embed import UvicornRunner
@@ -278,3 +282,80 @@ def test_an_invalid_chunk_is_answered_400(port, chunks):
             data += chunk
     assert data.startswith(b"HTTP/1.1 400 ") and data.count(b"HTTP/1.1 ") == 1
     assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
+
+
+# ---------------------------------------------------------------- any split of the bytes, same answers
+
+def _answers(data: bytes) -> list[tuple[int, bytes]]:
+    """(status, body) of each response in a byte stream, in order."""
+
+    class _Stream(io.BytesIO):
+        def close(self) -> None:  # http.client closes the file after each response; more may follow
+            pass
+
+    class _Wire:
+        def __init__(self) -> None:
+            self.file = _Stream(data)
+
+        def makefile(self, *args, **kwargs):
+            return self.file
+
+    wire = _Wire()
+    found = []
+    while wire.file.tell() < len(data):
+        response = http.client.HTTPResponse(wire)  # type: ignore[arg-type]
+        response.begin()
+        found.append((response.status, response.read()))
+    return found
+
+
+def _pipeline(parts: list[tuple[bytes, bytes, bool, int]]) -> bytes:
+    """Pipelined requests: (path, body, chunked, filler header bytes) each; the last one closes."""
+    out = []
+    for index, (path, body, chunked, filler) in enumerate(parts):
+        head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n"
+        for line in range(filler // 500):  # header lines of 500 bytes
+            head += b"X-Filler-%03d: " % line + b"f" * 484 + b"\r\n"
+        if index == len(parts) - 1:
+            head += b"Connection: close\r\n"
+        if chunked:
+            framed = b"".join(b"%x\r\n%s\r\n" % (len(body[i:i + 5]), body[i:i + 5]) for i in range(0, len(body), 5))
+            out.append(head + b"Transfer-Encoding: chunked\r\n\r\n" + framed + b"0\r\n\r\n")
+        else:
+            out.append(head + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    return b"".join(out)
+
+
+def _send_in_pieces(port: int, payload: bytes, cuts: list[int]) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        start = 0
+        for cut in sorted(set(cuts)) + [len(payload)]:
+            if cut > start:
+                conn.sendall(payload[start:cut])
+                time.sleep(0.002)  # most pieces arrive as reads of their own
+                start = cut
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_parts = st.lists(
+    st.tuples(st.sampled_from([b"/echo", b"/digest"]), st.binary(max_size=40), st.booleans(),
+              st.sampled_from([0, 0, 500, 3000, 7500])),
+    min_size=1, max_size=3,
+)
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parts=_parts, cut_points=st.lists(st.floats(0, 1), max_size=8))
+def test_any_split_of_the_bytes_gives_the_same_answers(port, parts, cut_points):
+    """Read boundaries anywhere (inside the request line, a header, a chunk size, between pipelined
+    requests) change nothing: same statuses and bodies as the bytes sent in one piece; headers under
+    the limit are never refused, however they are split."""
+    payload = _pipeline(parts)
+    whole = _answers(_exchange(port, payload))
+    assert [status for status, _ in whole] == [200] * len(parts)
+    split = _answers(_send_in_pieces(port, payload, [int(c * len(payload)) for c in cut_points]))
+    assert split == whole
