@@ -19,11 +19,34 @@ INTEGERS = ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UIN
 FLOATS = ["FP32", "FP64"]
 
 
+PARAMS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# Answers the request's parameters (a JSON object) so a test sees what reached the model.
+PARAMS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PARAMS", np.array([r.parameters().encode()], dtype=np.object_))])
+                for r in requests]
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("json_ranges") / "models"
     for datatype in [*INTEGERS, *FLOATS, "BOOL"]:
         identity_model(repo, f"id_{datatype.lower()}", datatype, [-1])
+    (repo / "params" / "1").mkdir(parents=True)
+    (repo / "params" / "config.pbtxt").write_text(PARAMS_CONFIG)
+    (repo / "params" / "1" / "model.py").write_text(PARAMS_PY)
     with start_server(repo) as running:
         yield running
 
@@ -138,3 +161,22 @@ def test_tritonclient_json_round_trip(server: RunningServer) -> None:
             np.testing.assert_array_equal(got, array)
     finally:
         client.close()
+
+
+def test_request_parameters_past_int64_reach_the_model_as_doubles(server: RunningServer) -> None:
+    """As Triton: a custom parameter integer beyond int64 is read as a double, not refused."""
+    body = ('{"parameters":{"big":9223372036854775813,"max":18446744073709551615,"low":-9223372036854775809,'
+            '"i":-9223372036854775808,"f":1e308},'
+            '"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1],"data":[0]}]}')
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    try:
+        conn.request("POST", "/v2/models/params/infer", body=body.encode())
+        response = conn.getresponse()
+        status, text = response.status, response.read()
+    finally:
+        conn.close()
+    assert status == 200, text
+    seen = json.loads(json.loads(text)["outputs"][0]["data"][0])
+    assert seen == {"big": 9.223372036854776e18, "max": 1.8446744073709552e19, "low": -9.223372036854776e18,
+                    "i": -(2**63), "f": 1e308}
+    assert isinstance(seen["big"], float) and isinstance(seen["i"], int)
