@@ -1,6 +1,6 @@
 """Property-based fuzzing of the HTTP/1.1 request parsing on the real server: random and mutated
-request bytes get a 2xx-4xx answer or a closed connection, never a 5xx, never a traceback in the
-server's log, and the server keeps serving."""
+request bytes get a 2xx-4xx answer (or 501 for an unsupported transfer coding) or a closed
+connection, never another 5xx, never a traceback in the server's log, and the server keeps serving."""
 
 from __future__ import annotations
 
@@ -125,7 +125,8 @@ def _statuses(answer: bytes) -> list[int]:
 def _check(server: RunningServer, payload: bytes) -> None:
     answer = _exchange(server, payload)
     statuses = _statuses(answer)
-    assert all(status < 500 for status in statuses), (payload[:300], answer[:500])
+    # 501 is the answer to a transfer coding other than chunked; any other 5xx is a server fault
+    assert all(status < 500 or status == 501 for status in statuses), (payload[:300], answer[:500])
     assert server.process.poll() is None, "the server died"
     _assert_no_traceback(server)
 

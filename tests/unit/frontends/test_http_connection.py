@@ -284,6 +284,21 @@ def test_an_invalid_chunk_is_answered_400(port, chunks):
     assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
 
 
+@pytest.mark.parametrize("coding,status", [
+    (b"gzip, chunked", b"501"), (b"identity", b"501"), (b"gzip\r\nTransfer-Encoding: chunked", b"501"),
+    (b"chunked, gzip", b"400"),  # chunked not last: the body's end cannot be known
+])
+def test_transfer_codings_other_than_chunked_are_refused(port, coding, status):
+    answer = _exchange(port, b"POST /digest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + coding + b"\r\n\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer
+    if status == b"501":
+        assert b"only 'chunked' is supported" in answer
+    assert answer.count(b"HTTP/1.1 ") == 1
+    chunked = _exchange(port, b"POST /digest HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\nConnection: close\r\n\r\n"
+                              b"2\r\nhi\r\n0\r\n\r\n")
+    assert chunked.startswith(b"HTTP/1.1 200 ") and chunked.endswith(f"2 {hashlib.sha256(b'hi').hexdigest()}".encode())
+
+
 # ---------------------------------------------------------------- any split of the bytes, same answers
 
 def _answers(data: bytes) -> list[tuple[int, bytes]]:

@@ -14,7 +14,7 @@ protocol is built for the inference path instead:
   and the request line and each header count as the parser completes them, so headers arriving
   in the same read as the request's start (or a previous request's body) count too;
 - a malformed request, including a bad chunk of a chunked body, is answered 400 (after the
-  requests before it) and the connection closed.
+  requests before it) and the connection closed; a transfer coding other than chunked, 501.
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
@@ -49,8 +49,13 @@ SMALL_WRITE = 64 * 1024  # head + body below this are joined into one bytes obje
 HEADER_LINE_OVERHEAD = 4  # ": " and CRLF around each header the parser hands over
 
 
-class _HeadersTooLarge(Exception):
-    """Raised from a parser callback to stop parsing a request whose headers passed the limit."""
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is answered `status` and closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def _status_line(status: int) -> bytes:
@@ -365,8 +370,9 @@ class HttpConnection(asyncio.Protocol):
         except httptools.HttpParserUpgrade:
             self.upgrade_seen = True  # no protocol switch here: answered as plain HTTP, then closed
         except httptools.HttpParserError as exc:
-            if isinstance(exc.__context__, _HeadersTooLarge):
-                self._protocol_error(431, self._headers_too_large())
+            refused = exc.__context__
+            if isinstance(refused, _Refused):
+                self._protocol_error(refused.status, refused.message)
             else:
                 detail = "" if isinstance(exc, httptools.HttpParserCallbackError) else str(exc)
                 self._protocol_error(400, f"Invalid HTTP request received{': ' + detail if detail else ''}.")
@@ -391,7 +397,7 @@ class HttpConnection(asyncio.Protocol):
     def _count_field(self, size: int) -> None:
         self._field_bytes += size
         if self._field_bytes > self.max_header_bytes:
-            raise _HeadersTooLarge  # stops the parser before the request starts
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
 
     def pause_writing(self) -> None:
         if self.write_paused is None:
@@ -424,6 +430,9 @@ class HttpConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._count_field(len(name) + len(value) + HEADER_LINE_OVERHEAD)
         name = name.lower()
+        if name == b"transfer-encoding" and value.lower().replace(b" ", b"").replace(b"\t", b"") != b"chunked":
+            # chunked is the only transfer coding understood: another one would be read as if absent
+            raise _Refused(501, f"unsupported transfer coding '{value.decode('latin-1')}', only 'chunked' is supported")
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
