@@ -71,6 +71,10 @@ PLACES = [
     ("log setting", "/v2/logging", lambda d: '{"log_verbose_level":%s}' % arrays(d), "expect positive integer"),
     ("shm register", "/v2/systemsharedmemory/region/r/register", lambda d: '{"key":"/k","byte_size":%s}' % arrays(d),
      "Unable to parse 'byte_size'"),
+    ("openai max_tokens", "/v1/completions", lambda d: '{"model":"identity_fp32","prompt":"a","max_tokens":%s}' % arrays(d),
+     "'max_tokens' must be an integer"),
+    ("openai messages", "/v1/chat/completions", lambda d: '{"model":"identity_fp32","messages":%s}' % arrays(d),
+     "messages[0] must be an object"),
 ]
 
 
@@ -80,11 +84,14 @@ def test_deep_nesting_is_a_clear_400(server: RunningServer, depth: int, where: s
     status, text = post(server, path, body(depth))
     assert status == 400, text
     error = json.loads(text)["error"]
+    if isinstance(error, dict):  # the OpenAI API's error object
+        error = error["message"]
     assert "recursion" not in error.lower(), error
     if depth == 1_000:
         assert message in error, error
     else:  # past the parser's depth bound the body is refused as a whole
-        assert error.startswith("failed to parse the request JSON buffer") or "load failed" in error, error
+        assert error.startswith(("failed to parse the request JSON buffer", "the request body is not valid JSON")) \
+            or "load failed" in error, error
         assert "nested too deeply" in error or "depth limit exceeded" in error, error
 
 
