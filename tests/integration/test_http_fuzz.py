@@ -164,32 +164,44 @@ json_values = st.recursive(
     lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4),
     max_leaves=12,
 )
-# Where a value is replaced in an infer request document.
-JSON_PLACES = [("inputs",), ("inputs", 0), ("inputs", 0, "name"), ("inputs", 0, "datatype"), ("inputs", 0, "shape"),
-               ("inputs", 0, "shape", 1), ("inputs", 0, "data"), ("inputs", 0, "data", 2), ("inputs", 0, "parameters"),
-               ("parameters",), ("id",), ("outputs",)]
+# Request documents of the JSON endpoints, and where a value may be replaced in each.
+_INFER_PLACES = [("inputs",), ("inputs", 0), ("inputs", 0, "name"), ("inputs", 0, "datatype"), ("inputs", 0, "shape"),
+                 ("inputs", 0, "shape", 1), ("inputs", 0, "data"), ("inputs", 0, "data", 2), ("inputs", 0, "parameters"),
+                 ("parameters",), ("id",), ("outputs",)]
+JSON_TARGETS = [
+    (b"/v2/models/add_sub/infer", json.loads(_JSON_INFER), _INFER_PLACES),
+    (b"/v2/models/identity_fp32/infer", {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 3],
+                                                     "data": [1, 2, 3]}]}, _INFER_PLACES),
+    (b"/v2/models/add_sub/generate", {"INPUT0": [1, 2, 3, 4], "INPUT1": [1, 2, 3, 4], "parameters": {"p": 1}},
+     [("INPUT0",), ("INPUT1",), ("parameters",), ("parameters", "p")]),
+    (b"/v2/systemsharedmemory/region/fuzz/register", {"key": "/naiad_fuzz_absent", "offset": 0, "byte_size": 4},
+     [("key",), ("offset",), ("byte_size",)]),
+    (b"/v2/models/add_sub/trace/setting", {"trace_level": ["OFF"], "trace_rate": "1000"},
+     [("trace_level",), ("trace_rate",), ("trace_count",)]),
+    (b"/v1/completions", {"model": "add_sub", "prompt": "a", "max_tokens": 2},
+     [("model",), ("prompt",), ("max_tokens",), ("temperature",), ("stop",)]),
+]
 _HOLE = "\x00hole\x00"
 
 
 @st.composite
-def infer_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
-    """(path, body): a JSON infer (or generate) request with one value replaced by any JSON value,
-    possibly nested thousands deep, written with the NaN / Infinity literals clients use."""
-    doc = json.loads(_JSON_INFER)
-    *parents, last = draw(st.sampled_from(JSON_PLACES))
+def json_bodies(draw: st.DrawFn) -> tuple[bytes, bytes]:
+    """(path, body): a JSON endpoint's request with one value replaced by any JSON value, possibly
+    nested thousands deep, written with the NaN / Infinity literals clients use."""
+    path, template, places = draw(st.sampled_from(JSON_TARGETS))
+    doc = json.loads(json.dumps(template))
+    *parents, last = draw(st.sampled_from(places))
     node = doc
     for key in parents:
         node = node[key]
     node[last] = _HOLE
     depth = draw(st.sampled_from([0, 0, 0, 1, 2, 99, 101, 1_000, 1_030, 5_000]))
     value = "[" * depth + json.dumps(draw(json_values), allow_nan=True) + "]" * depth
-    body = json.dumps(doc).replace(json.dumps(_HOLE), value).encode()
-    path = draw(st.sampled_from([b"/v2/models/add_sub/infer", b"/v2/models/identity_fp32/infer"]))
-    return path, body
+    return path, json.dumps(doc).replace(json.dumps(_HOLE), value).encode()
 
 
 @FUZZ
-@given(request=infer_bodies())
+@given(request=json_bodies())
 def test_any_json_value_anywhere_never_gets_a_5xx(server: RunningServer, request: tuple[bytes, bytes]) -> None:
     path, body = request
     _check(server, _request(b"POST", path, [b"Content-Length: %d" % len(body)], body))
