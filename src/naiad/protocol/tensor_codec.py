@@ -250,20 +250,35 @@ def _not_valid(datatype: str, name: str) -> NaiadError:
     return invalid_arg(f"unable to parse 'data' of input '{name}': elements are not valid {datatype} values")
 
 
-_NAN = orjson.Fragment(b"NaN")
-_INF = orjson.Fragment(b"Infinity")
-_NEG_INF = orjson.Fragment(b"-Infinity")
-
-
 def has_non_finite(flat: np.ndarray) -> bool:
     """True when a float array holds NaN or +-inf (which JSON proper cannot spell)."""
     return flat.dtype.kind == "f" and not bool(np.isfinite(flat).all())
 
 
+def _non_finite_token(value: float) -> bytes:
+    return b"NaN" if value != value else (b"Infinity" if value > 0 else b"-Infinity")
+
+
 def non_finite_json(flat: np.ndarray) -> list:
     """Elements ready for orjson, with NaN / Infinity / -Infinity spelled as Triton writes them
     (orjson alone would write null). Finite elements stay numpy scalars, written at their precision."""
-    return [x if np.isfinite(x) else (_NAN if np.isnan(x) else (_INF if x > 0 else _NEG_INF)) for x in flat]
+    return [x if np.isfinite(x) else orjson.Fragment(_non_finite_token(x)) for x in flat]
+
+
+def non_finite_json_array(flat: np.ndarray) -> orjson.Fragment:
+    """The whole JSON array of a 1-D float array holding NaN or +-inf, as one orjson Fragment: the
+    finite runs between those elements are written by orjson from numpy (fast, at the array's
+    precision), the others as NaN / Infinity / -Infinity."""
+    parts: list[bytes] = []
+    start = 0
+    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
+        if index > start:
+            parts.append(orjson.dumps(flat[start:index], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
+        parts.append(_non_finite_token(flat[index]))
+        start = index + 1
+    if start < len(flat):
+        parts.append(orjson.dumps(flat[start:], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
+    return orjson.Fragment(b"[" + b",".join(parts) + b"]")
 
 
 def array_to_json(array: np.ndarray, datatype: str) -> list:

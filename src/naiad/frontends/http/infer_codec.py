@@ -28,7 +28,7 @@ from naiad.protocol.tensor_codec import (
     array_to_raw,
     check_datatype,
     has_non_finite,
-    non_finite_json,
+    non_finite_json_array,
     parse_shape,
 )
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
@@ -174,10 +174,10 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
     flat = array.reshape(-1)
     if not flat.dtype.isnative:
         flat = flat.astype(flat.dtype.newbyteorder("="))
-    if has_non_finite(flat):
-        return non_finite_json(flat)
     if not flat.flags.c_contiguous:
         flat = np.ascontiguousarray(flat)
+    if has_non_finite(flat):
+        return non_finite_json_array(flat)
     return flat
 
 
