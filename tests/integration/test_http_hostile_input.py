@@ -243,6 +243,19 @@ def test_huge_header_refused(server):
     data = raw_exchange(server, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Filler: ", [b"x" * 16384] * 32)
     assert data.startswith(b"HTTP/1.1 431")
     assert b"request headers exceed the maximum" in data
+    # ~110 KB of headers in the read that starts the request count against the 64 KiB limit too.
+    filler = b"".join(b"X-Filler-%03d: %s\r\n" % (i, b"y" * 1000) for i in range(110))
+    data = raw_exchange(server, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n" + filler + b"\r\n")
+    assert data.startswith(b"HTTP/1.1 431") and b"exceed the maximum of 65536 bytes" in data
+    good_infer(server)
+
+
+def test_invalid_chunk_size_is_400(server):
+    head = b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    data = raw_exchange(server, head, [b"2\r\n{\"\r\nxyz\r\n"])
+    assert data.startswith(b"HTTP/1.1 400") and b"Invalid HTTP request received" in data
+    assert data.count(b"HTTP/1.1 ") == 1
+    good_infer(server)
 
 
 def test_garbage_is_400(server):

@@ -178,10 +178,17 @@ def test_infer_through_system_shared_memory(client, regions):
     outputs[1].set_shared_memory("outputs", 16, offset=16)
     result = client.infer("add_sub", inputs, outputs=outputs)
     for i, expected in ((0, a + b), (1, a - b)):
-        out = result.get_output(f"OUTPUT{i}")
-        assert out["shape"] == [1, 4] and "data" not in out
+        # as Triton: an output written to shared memory comes back with no parameters and no data
+        assert result.get_output(f"OUTPUT{i}") == {"name": f"OUTPUT{i}", "datatype": "INT32", "shape": [1, 4]}
         got = shm.get_contents_as_numpy(out_handle, np.int32, [1, 4], offset=16 * i)
         np.testing.assert_array_equal(got, expected)
+    # One output in shared memory, the other in binary: only the binary one has parameters.
+    mixed = [httpclient.InferRequestedOutput("OUTPUT0"), httpclient.InferRequestedOutput("OUTPUT1", binary_data=True)]
+    mixed[0].set_shared_memory("outputs", 16)
+    result = client.infer("add_sub", inputs, outputs=mixed)
+    assert result.get_output("OUTPUT0") == {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 4]}
+    assert result.get_output("OUTPUT1")["parameters"] == {"binary_data_size": 16}
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
     status = client.get_system_shared_memory_status("inputs")
     assert status == [{"name": "inputs", "key": in_key, "offset": 0, "byte_size": 32}]
     assert {r["name"] for r in client.get_system_shared_memory_status()} == {"inputs", "outputs"}
@@ -227,3 +234,28 @@ def test_client_shm_disabled(tmp_path: Path):
             assert _identity_infer(client, "identity_fp32", [4.0]).tolist() == [[4.0]]
         finally:
             client.close()
+
+
+def test_shared_memory_output_json_shape(server, regions):
+    """A plain JSON request with one output to shared memory: the raw response document, as Triton writes it."""
+    in_handle, _ = regions("json_in", 32)
+    out_handle, _ = regions("json_out", 16)
+    shm.set_shared_memory_region(in_handle, [np.array([[5, 6, 7, 8]], np.int32)])
+    doc = {
+        "inputs": [
+            {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4],
+             "parameters": {"shared_memory_region": "json_in", "shared_memory_byte_size": 16}},
+            {"name": "INPUT1", "datatype": "INT32", "shape": [1, 4], "data": [1, 1, 1, 1]},
+        ],
+        "outputs": [
+            {"name": "OUTPUT0", "parameters": {"shared_memory_region": "json_out", "shared_memory_byte_size": 16}},
+            {"name": "OUTPUT1"},
+        ],
+    }
+    status, body = call(server, "POST", "/v2/models/add_sub/infer", json.dumps(doc).encode())
+    assert status == 200, body
+    assert json.loads(body)["outputs"] == [
+        {"name": "OUTPUT0", "datatype": "INT32", "shape": [1, 4]},
+        {"name": "OUTPUT1", "datatype": "INT32", "shape": [1, 4], "data": [4, 5, 6, 7]},
+    ]
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(out_handle, np.int32, [1, 4]), [[6, 7, 8, 9]])

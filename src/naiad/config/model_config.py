@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import orjson
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2 as mc
@@ -53,10 +54,34 @@ def parse_config_json(text: str, source: str = "config override") -> mc.ModelCon
     """Parse the JSON form (as given to the load API's `config` parameter)."""
     config = mc.ModelConfig()
     try:
-        json_format.Parse(text, config, ignore_unknown_fields=False)
+        doc = orjson.loads(text)  # depth-bounded, no Python recursion
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError(f"{source}: Failed to load JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: the configuration must be a JSON object")
+    if _depth_exceeds(doc, MAX_CONFIG_JSON_DEPTH):
+        # protobuf's parser recurses and quotes whole values in its errors: refuse before it
+        raise ConfigError(f"{source}: the configuration is nested deeper than {MAX_CONFIG_JSON_DEPTH} levels")
+    try:
+        json_format.ParseDict(doc, config, ignore_unknown_fields=False)
     except (json_format.ParseError, ValueError) as exc:
         raise ConfigError(f"{source}: {exc}") from None
     return config
+
+
+MAX_CONFIG_JSON_DEPTH = 32  # ModelConfig's deepest fields (warm-up inputs, accelerator parameters) need < 10
+
+
+def _depth_exceeds(doc: Any, limit: int) -> bool:
+    """True when JSON lists/objects nest deeper than `limit` (walked without recursion)."""
+    stack = [(doc, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 _INT64_TYPES = {

@@ -82,9 +82,6 @@ def build_response(
         if wanted.shared_memory is not None:
             ref = wanted.shared_memory
             shared_memory.write(ref, array_to_raw(array, datatype), wanted.name)
-            parameters = {"shared_memory_region": ref.region, "shared_memory_byte_size": ref.byte_size}
-            if ref.offset:
-                parameters["shared_memory_offset"] = ref.offset
-            data = None
+            data = None  # as Triton: name, datatype and shape only, no parameters echoed
         outputs.append(OutputTensor(wanted.name, datatype, tuple(array.shape), data, parameters))
     return InferenceResponse(model.name, model.version_str, outputs, id=request.id)

@@ -15,6 +15,7 @@ from naiad.frontends.http.responses import JSON, TEXT, Reply, Send, error_reply,
 from naiad.frontends.security import HeaderForwarder
 from naiad.frontends.uvicorn_embed import UvicornRunner
 from naiad.protocol.errors import NaiadError, invalid_arg
+from naiad.protocol.request_json import load_request_json
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -97,16 +98,11 @@ async def error(send: Send, status: int, message: str, scope: dict[str, Any]) ->
 
 async def read_json_object(scope: dict[str, Any], receive: Receive, server: Server) -> dict[str, Any]:
     """A small JSON object body (empty body = {})."""
-    import orjson
-
     headers = RequestHeaders.from_scope(scope)
     body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
     if not body.strip():
         return {}
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+    doc = load_request_json(body)
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
     return doc

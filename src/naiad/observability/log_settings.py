@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from naiad.protocol.errors import invalid_arg, unavailable, unsupported
+from naiad.protocol.request_json import json_preview
 
 FORMATS = ("default", "ISO8601")
 
@@ -59,11 +60,12 @@ class LogSettings:
                 staged[key] = value
             elif key == "log_verbose_level":
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise invalid_arg(f"expect positive integer for '{key}', got {value}")
+                    raise invalid_arg(f"expect positive integer for '{key}', got {json_preview(value)}")
                 staged[key] = value
             elif key == "log_format":
                 if value not in FORMATS:
-                    raise unavailable(f"invalid argument for --log_format, got: {value}")
+                    shown = value if isinstance(value, str) else json_preview(value)
+                    raise unavailable(f"invalid argument for --log_format, got: {shown}")
                 staged[key] = value
             else:
                 raise invalid_arg(f"unknown log setting '{key}'")

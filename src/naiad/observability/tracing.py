@@ -12,6 +12,7 @@ from typing import Any
 from naiad.observability.otel import OtelExporter, OtelSettings
 from naiad.observability.trace_context import enable_propagation
 from naiad.protocol.errors import invalid_arg, unsupported
+from naiad.protocol.request_json import json_preview
 
 log = logging.getLogger("naiad.tracing")
 
@@ -46,7 +47,7 @@ class TraceConfig:
 
 def _parse_int(key: str, value: Any, minimum: int) -> int:
     if not isinstance(value, str):
-        raise invalid_arg(f"Unable to parse '{key}', expecting a string value, got: {json.dumps(value)}")
+        raise invalid_arg(f"Unable to parse '{key}', expecting a string value, got: {json_preview(value)}")
     try:
         number = int(value)
     except ValueError:
@@ -71,7 +72,7 @@ def apply_settings(base: TraceConfig, changes: dict) -> TraceConfig:
         if key == "trace_level":
             values = value if isinstance(value, list) else [value]
             if not values or any(v not in LEVELS for v in values):
-                raise invalid_arg(f"Unable to parse 'trace_level', got: {json.dumps(value)}")
+                raise invalid_arg(f"Unable to parse 'trace_level', got: {json_preview(value)}")
             updated.level = tuple(values)
         elif key == "trace_rate":
             updated.rate = _parse_int(key, value, 1)

@@ -10,9 +10,11 @@ import struct
 from typing import Any
 
 import numpy as np
+import orjson
 
 from naiad.protocol.datatypes import BYTE_SIZES, WIRE_DTYPES, is_valid_datatype, numpy_dtype
 from naiad.protocol.errors import NaiadError, invalid_arg
+from naiad.protocol.request_json import json_preview
 
 MAX_JSON_DEPTH = 100
 _LEN = struct.Struct("<I")
@@ -33,7 +35,7 @@ def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
     for dim in raw:
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise invalid_arg(
-                f"shape of input '{input_name}' must contain only non-negative integers, got {list(raw)}"
+                f"shape of input '{input_name}' must contain only non-negative integers, got {json_preview(list(raw))}"
             )
     return tuple(raw)
 
@@ -192,27 +194,95 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
                 raise invalid_arg(f"unable to parse 'data' of input '{name}': expected string elements for BYTES")
             array[i] = item.encode("utf-8")
         return array.reshape(shape)
+    return _numbers_from_json(flat, datatype, name).reshape(shape)
+
+
+def _numbers_from_json(flat: list, datatype: str, name: str) -> np.ndarray:
+    """A flat list of JSON numbers (or booleans for BOOL) as a `datatype` array.
+
+    Integers must fit the type (a clear 400 where Triton would wrap them); floats round to
+    the type as IEEE conversion does (FP32 past its range becomes +-inf, as in Triton).
+    """
     dtype = numpy_dtype(datatype)
+    if not flat:
+        return np.empty(0, dtype=dtype)
     try:
-        parsed = np.asarray(flat) if flat else np.empty(0, dtype=dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise invalid_arg(f"unable to parse 'data' of input '{name}': {exc}") from None
-    if flat and parsed.dtype.kind not in _KIND_OK[dtype.kind]:
+        parsed = np.asarray(flat)
+    except (ValueError, TypeError, OverflowError):
+        parsed = np.asarray(flat, dtype=np.object_)
+    if parsed.dtype.kind == "O" or (dtype.kind in "iu" and parsed.dtype.kind == "f"):
+        # numpy found no integer type for all of them: Python ints beyond int64 (UINT64's upper
+        # half) next to other ints, or a genuine mix of types. Decide element by element.
+        parsed = _python_numbers(flat, datatype, dtype, name)
+    elif parsed.dtype.kind not in _KIND_OK[dtype.kind]:
+        raise _not_valid(datatype, name)
+    if parsed.dtype.kind in "iu" and dtype.kind in "iu":
+        _check_range(int(parsed.min()), int(parsed.max()), datatype, dtype, name)
+    with np.errstate(over="ignore"):
+        return parsed.astype(dtype, copy=False)
+
+
+def _python_numbers(flat: list, datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
+    if dtype.kind in "iu":
+        if not all(type(x) is int for x in flat):
+            raise _not_valid(datatype, name)
+        _check_range(min(flat), max(flat), datatype, dtype, name)
+        return np.array(flat, dtype=dtype)
+    if dtype.kind == "f" and all(type(x) in (int, float) for x in flat):
+        try:
+            return np.array(flat, dtype=np.float64)
+        except OverflowError:  # an integer too large even for a double
+            raise invalid_arg(f"unable to parse 'data' of input '{name}': value out of range for {datatype}") from None
+    raise _not_valid(datatype, name)
+
+
+def _check_range(low: int, high: int, datatype: str, dtype: np.dtype, name: str) -> None:
+    info = np.iinfo(dtype)
+    if low < info.min or high > info.max:
+        bad = low if low < info.min else high
         raise invalid_arg(
-            f"unable to parse 'data' of input '{name}': elements are not valid {datatype} values"
+            f"unable to parse 'data' of input '{name}': value {bad} is out of range for {datatype} "
+            f"[{info.min}, {info.max}]"
         )
-    try:
-        if parsed.dtype.kind in "iu" and dtype.kind in "iu" and flat:
-            info = np.iinfo(dtype)
-            if int(parsed.min()) < info.min or int(parsed.max()) > info.max:
-                raise invalid_arg(f"unable to parse 'data' of input '{name}': value out of range for {datatype}")
-        return parsed.astype(dtype, copy=False).reshape(shape)
-    except (ValueError, TypeError, OverflowError) as exc:
-        raise invalid_arg(f"unable to parse 'data' of input '{name}': {exc}") from None
+
+
+def _not_valid(datatype: str, name: str) -> NaiadError:
+    return invalid_arg(f"unable to parse 'data' of input '{name}': elements are not valid {datatype} values")
+
+
+def has_non_finite(flat: np.ndarray) -> bool:
+    """True when a float array holds NaN or +-inf (which JSON proper cannot spell)."""
+    return flat.dtype.kind == "f" and not bool(np.isfinite(flat).all())
+
+
+def _non_finite_token(value: float) -> bytes:
+    return b"NaN" if value != value else (b"Infinity" if value > 0 else b"-Infinity")
+
+
+def non_finite_json(flat: np.ndarray) -> list:
+    """Elements ready for orjson, with NaN / Infinity / -Infinity spelled as Triton writes them
+    (orjson alone would write null). Finite elements stay numpy scalars, written at their precision."""
+    return [x if np.isfinite(x) else orjson.Fragment(_non_finite_token(x)) for x in flat]
+
+
+def non_finite_json_array(flat: np.ndarray) -> orjson.Fragment:
+    """The whole JSON array of a 1-D float array holding NaN or +-inf, as one orjson Fragment: the
+    finite runs between those elements are written by orjson from numpy (fast, at the array's
+    precision), the others as NaN / Infinity / -Infinity."""
+    parts: list[bytes] = []
+    start = 0
+    for index in np.flatnonzero(~np.isfinite(flat)).tolist():
+        if index > start:
+            parts.append(orjson.dumps(flat[start:index], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
+        parts.append(_non_finite_token(flat[index]))
+        start = index + 1
+    if start < len(flat):
+        parts.append(orjson.dumps(flat[start:], option=orjson.OPT_SERIALIZE_NUMPY)[1:-1])
+    return orjson.Fragment(b"[" + b",".join(parts) + b"]")
 
 
 def array_to_json(array: np.ndarray, datatype: str) -> list:
-    """Flat row-major JSON list of an output tensor."""
+    """Flat row-major list of an output tensor, for orjson (non-finite floats are orjson Fragments)."""
     if datatype in ("FP16", "BF16"):
         raise NaiadError(
             invalid_arg("").code,
@@ -221,4 +291,6 @@ def array_to_json(array: np.ndarray, datatype: str) -> list:
     flat = array.ravel(order="C")
     if datatype == "BYTES":
         return [_as_bytes(x).decode("utf-8", errors="replace") for x in flat]
+    if has_non_finite(flat):
+        return non_finite_json(flat)
     return flat.tolist()

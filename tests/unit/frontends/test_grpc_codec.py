@@ -340,7 +340,7 @@ def test_encode_response_puts_every_output_in_raw_contents() -> None:
             OutputTensor("B", "INT32", (2,), big_endian),
             OutputTensor("H", "FP16", (1,), np.array([1.5], dtype=np.float16)),
             OutputTensor(
-                "M", "FP32", (4,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+                "M", "FP32", (4,), None  # written to shared memory: no data, no parameters
             ),
         ],
         parameters={"flag": True, "n": 2**63 + 1, "x": 0.25, "s": "t"},
@@ -358,9 +358,7 @@ def test_encode_response_puts_every_output_in_raw_contents() -> None:
     assert raw[3] == np.array([1, 2], dtype="<i4").tobytes()
     assert raw[4] == np.array([1.5], dtype="<f2").tobytes()
     assert raw[5] == b""
-    shm_params = message.outputs[5].parameters
-    assert shm_params["shared_memory_region"].string_param == "r"
-    assert shm_params["shared_memory_byte_size"].int64_param == 16
+    assert len(message.outputs[5].parameters) == 0
     params = message.parameters
     assert params["flag"].bool_param is True
     assert params["n"].uint64_param == 2**63 + 1

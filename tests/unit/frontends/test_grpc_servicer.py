@@ -62,7 +62,7 @@ class FakeServer:
 
     def __init__(self, allow_client_shm: bool = True) -> None:
         self.config = ServerConfig(allow_client_shm=allow_client_shm, exit_timeout_secs=1.0,
-                                   grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", "naiad"))
+                                   grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", ServerConfig.grpc_server_impl))
         self.shared_memory = FakeShm()
         self.seen: list[InferenceRequest] = []
         self.cancelled: queue.Queue[str] = queue.Queue()
@@ -138,8 +138,7 @@ class FakeServer:
                 continue
             ref = wanted[name].shared_memory if wanted else None
             if ref is not None:
-                params = {"shared_memory_region": ref.region, "shared_memory_byte_size": ref.byte_size}
-                outputs.append(OutputTensor(name, inp.datatype, inp.shape, None, params))
+                outputs.append(OutputTensor(name, inp.datatype, inp.shape, None))
             else:
                 outputs.append(OutputTensor(name, inp.datatype, inp.shape, inp.data))
         for out in request.outputs:
@@ -409,7 +408,7 @@ def test_shared_memory_infer_input_and_output(client: grpcclient.InferenceServer
         response = result.get_response()
         assert [o.name for o in response.outputs] == ["OUT_A", "OUT_B"]
         assert response.raw_output_contents[0] == b""
-        assert response.outputs[0].parameters["shared_memory_region"].string_param == "in_r"
+        assert len(response.outputs[0].parameters) == 0
         assert result.as_numpy("OUT_B").tolist() == [1, 2]
     finally:
         client.unregister_system_shared_memory("in_r")

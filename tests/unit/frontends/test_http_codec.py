@@ -139,11 +139,14 @@ def test_reserved_request_parameters(params, field, value):
 
 def test_out_of_range_parameters_refused():
     for params in (b'{"sequence_id": 18446744073709551616}', b'{"sequence_id": -1}', b'{"timeout": true}',
-                   b'{"custom": 9223372036854775808}', b'{"custom": null}', b'{"custom": [1]}'):
+                   b'{"custom": null}', b'{"custom": [1]}'):
         body = b'{"inputs": [], "parameters": ' + params + b"}"
         with pytest.raises(NaiadError) as info:
             decode_infer_request(SERVER, "m", "", body, None)
         assert info.value.code.http_status == 400
+    # as Triton's JSON parser: a custom integer past int64 is a double
+    request, _ = decode_infer_request(SERVER, "m", "", b'{"inputs": [], "parameters": {"custom": 9223372036854775808}}', None)
+    assert request.parameters == {"custom": 9.223372036854776e18} and isinstance(request.parameters["custom"], float)
 
 
 def test_truncated_and_trailing_binary():
@@ -201,7 +204,7 @@ def test_encode_binary_response_order_and_empty_outputs():
     first = OutputTensor("A", "INT32", (2,), np.array([1, 2], dtype=np.int32))
     empty = OutputTensor("E", "FP32", (0, 3), np.zeros((0, 3), dtype=np.float32))
     text = OutputTensor("S", "BYTES", (1,), np.array([b"xyz"], dtype=np.object_))
-    shm = OutputTensor("M", "FP32", (4,), None, {"shared_memory_region": "r", "shared_memory_byte_size": 16})
+    shm = OutputTensor("M", "FP32", (4,), None)  # written to shared memory
     as_json = OutputTensor("J", "INT8", (1,), np.array([-3], dtype=np.int8))
     plan = OutputPlan(default_binary=True, binary={"J": False})
     body, n = encode_infer_response(_response(first, empty, text, shm, as_json), plan)
@@ -209,7 +212,7 @@ def test_encode_binary_response_order_and_empty_outputs():
     params = [o.get("parameters") for o in doc["outputs"]]
     assert params[0] == {"binary_data_size": 8} and params[1] == {"binary_data_size": 0}
     assert params[2] == {"binary_data_size": 7}
-    assert params[3] == {"shared_memory_region": "r", "shared_memory_byte_size": 16}
+    assert doc["outputs"][3] == {"name": "M", "datatype": "FP32", "shape": [4]}
     assert "data" not in doc["outputs"][3] and doc["outputs"][4]["data"] == [-3]
     assert body[n:] == np.array([1, 2], dtype=np.int32).tobytes() + struct.pack("<I", 3) + b"xyz"
 

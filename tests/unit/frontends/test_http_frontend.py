@@ -175,9 +175,7 @@ class FakeServer:
                 outputs.append(OutputTensor(name, "BYTES", arr.shape, arr))
             elif req is not None and req.shared_memory is not None:
                 self.shared_memory.write(req.shared_memory, array_to_raw(data, datatype), name)
-                params = {"shared_memory_region": req.shared_memory.region,
-                          "shared_memory_byte_size": req.shared_memory.byte_size}
-                outputs.append(OutputTensor(name, datatype, data.shape, None, params))
+                outputs.append(OutputTensor(name, datatype, data.shape, None))
             else:
                 outputs.append(OutputTensor(name, datatype, data.shape, data))
         return InferenceResponse(request.model_name, "1", outputs, id=request.id,

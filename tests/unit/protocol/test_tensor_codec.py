@@ -1,6 +1,7 @@
 """Tensor codecs: raw bytes, BYTES length prefixes, JSON; hostile sizes refused before allocation."""
 
 import numpy as np
+import orjson
 import pytest
 from tritonclient.utils import serialize_byte_tensor
 
@@ -11,6 +12,7 @@ from naiad.protocol.tensor_codec import (
     array_to_json,
     array_to_raw,
     deserialize_bytes,
+    non_finite_json_array,
     parse_shape,
     serialize_bytes,
 )
@@ -96,3 +98,15 @@ def test_json_output_is_flat_and_bytes_are_strings():
 def test_parse_shape_rejects_bad_dims(shape):
     with pytest.raises(NaiadError):
         parse_shape(shape, "x")
+
+
+@pytest.mark.parametrize("values,text", [
+    ([np.nan], b"[NaN]"),
+    ([1.5, np.inf], b"[1.5,Infinity]"),
+    ([-np.inf, np.inf, 0.25, np.nan, np.nan, 2.0], b"[-Infinity,Infinity,0.25,NaN,NaN,2.0]"),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_non_finite_floats_are_written_as_triton_writes_them(values, text, dtype):
+    flat = np.array(values, dtype=dtype)
+    assert orjson.dumps({"data": non_finite_json_array(flat)}) == b'{"data":' + text + b"}"
+    assert orjson.dumps(array_to_json(flat, "FP32"), option=orjson.OPT_SERIALIZE_NUMPY) == text

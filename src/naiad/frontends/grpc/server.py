@@ -1,8 +1,8 @@
 """GrpcFrontend: binds the gRPC server hosting the inference service inside the running event loop.
 
-Two implementations serve the same servicer, health service and guard: Naiad's own HTTP/2
-server (`--grpc-server-impl naiad`, the default; h2_server.py) and grpcio's `grpc.aio`
-(`--grpc-server-impl grpcio`), kept as the fallback.
+Two implementations serve the same servicer, health service and guard: grpcio's `grpc.aio`
+(`--grpc-server-impl grpcio`, the default) and Naiad's own HTTP/2 server (`--grpc-server-impl
+naiad`, h2_server.py), opt-in until it withstands the attacks listed in docs/security.md.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class GrpcFrontend:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (port 0 picks a free one)."""
-        if getattr(self._server.config, "grpc_server_impl", "naiad") == "grpcio":
+        if getattr(self._server.config, "grpc_server_impl", "grpcio") == "grpcio":
             return await self._start_grpcio()
         return await self._start_naiad()
 

@@ -10,7 +10,11 @@ protocol is built for the inference path instead:
 - one watchdog timer per connection enforces the header deadline (408, or a silent close when
   nothing was sent), the body deadline (408) and the keep-alive idle time, instead of arming
   and cancelling timers for every request;
-- request headers are bounded in bytes (431).
+- request headers are bounded in bytes (431): every read made only of header bytes counts whole,
+  and the request line and each header count as the parser completes them, so headers arriving
+  in the same read as the request's start (or a previous request's body) count too;
+- a malformed request, including a bad chunk of a chunked body, is answered 400 (after the
+  requests before it) and the connection closed; a transfer coding other than chunked, 501.
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
@@ -42,6 +46,16 @@ logger = logging.getLogger("naiad.http")
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 BODY_HIGH_WATER = 4 * 1024 * 1024  # unread request body bytes buffered before reading pauses
 SMALL_WRITE = 64 * 1024  # head + body below this are joined into one bytes object (larger: writelines)
+HEADER_LINE_OVERHEAD = 4  # ": " and CRLF around each header the parser hands over
+
+
+class _Refused(Exception):
+    """Raised from a parser callback to stop parsing a request that is answered `status` and closed."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
 
 
 def _status_line(status: int) -> bytes:
@@ -305,8 +319,11 @@ class HttpConnection(asyncio.Protocol):
         self._headers: list[tuple[bytes, bytes]] = []
         self._expect_continue = False
         self._in_headers = False
-        self._header_bytes = 0
-        self._begun_in_chunk = False
+        self._header_bytes = 0  # raw bytes of reads made only of this request's header bytes
+        self._field_bytes = 0  # request line and header bytes the parser has completed
+        self._in_message = False  # between on_message_begin and on_message_complete
+        self._begins_in_chunk = 0  # requests begun within the read being parsed
+        self._failure: tuple[int, str] | None = None  # the parser's error, answered once earlier requests are
         # watchdog: one timer per connection, deadlines kept as plain numbers
         self._header_deadline = 0.0
         self._idle_deadline = 0.0
@@ -343,27 +360,44 @@ class HttpConnection(asyncio.Protocol):
         return None  # close the transport (the peer will send nothing more)
 
     def data_received(self, data: bytes) -> None:
+        if self._failure is not None:
+            return  # the parser stopped at an error: nothing after it is a request
         was_in_headers = self._in_headers
-        self._begun_in_chunk = False
+        was_idle = not self._in_message
+        self._begins_in_chunk = 0
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self.upgrade_seen = True  # no protocol switch here: answered as plain HTTP, then closed
-        except httptools.HttpParserError:
-            self._to_launch = None
-            self._reject(400, "Invalid HTTP request received.")
-            return
+        except httptools.HttpParserError as exc:
+            refused = exc.__context__
+            if isinstance(refused, _Refused):
+                self._protocol_error(refused.status, refused.message)
+            else:
+                detail = "" if isinstance(exc, httptools.HttpParserCallbackError) else str(exc)
+                self._protocol_error(400, f"Invalid HTTP request received{': ' + detail if detail else ''}.")
         if self._to_launch is not None:
             exchange, self._to_launch = self._to_launch, None
             if not self.closing:
                 self._launch(exchange)
-        if self._in_headers and not self.closing:
-            # Count only chunks made of header bytes from end to end: a chunk that began a request
-            # may carry the previous request's body, so the bound is the limit plus one read.
-            if was_in_headers and not self._begun_in_chunk:
+        if self._in_headers and not self.closing and self._failure is None:
+            # A read counts whole when all of it is this request's: it continues the headers, or
+            # it starts the request on an idle connection (before the request line there can only
+            # be blank lines). A read that also carries the previous request's body is counted by
+            # what the parser completes (on_url / on_header), so the bound stays the limit plus
+            # one unfinished header line.
+            if (was_in_headers and not self._begins_in_chunk) or (was_idle and self._begins_in_chunk == 1):
                 self._header_bytes += len(data)
             if self._header_bytes > self.max_header_bytes:
-                self._reject(431, f"request headers exceed the maximum of {self.max_header_bytes} bytes")
+                self._protocol_error(431, self._headers_too_large())
+
+    def _headers_too_large(self) -> str:
+        return f"request headers exceed the maximum of {self.max_header_bytes} bytes"
+
+    def _count_field(self, size: int) -> None:
+        self._field_bytes += size
+        if self._field_bytes > self.max_header_bytes:
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
 
     def pause_writing(self) -> None:
         if self.write_paused is None:
@@ -381,17 +415,24 @@ class HttpConnection(asyncio.Protocol):
         self._headers = []
         self._expect_continue = False
         self._in_headers = True
-        self._begun_in_chunk = True
+        self._in_message = True
+        self._begins_in_chunk += 1
         self._header_bytes = 0
+        self._field_bytes = 0
         self._idle_deadline = 0.0
         self._header_deadline = self.loop.time() + self.header_timeout
         self._arm_watchdog(self._header_deadline)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        self._count_field(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_field(len(name) + len(value) + HEADER_LINE_OVERHEAD)
         name = name.lower()
+        if name == b"transfer-encoding" and value.lower().replace(b" ", b"").replace(b"\t", b"") != b"chunked":
+            # chunked is the only transfer coding understood: another one would be read as if absent
+            raise _Refused(501, f"unsupported transfer coding '{value.decode('latin-1')}', only 'chunked' is supported")
         if name == b"expect" and value.lower() == b"100-continue":
             self._expect_continue = True
         self._headers.append((name, value))
@@ -441,6 +482,7 @@ class HttpConnection(asyncio.Protocol):
             self.parsing.feed(body)
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         exchange = self.parsing
         if exchange is not None:
             exchange.body_deadline = 0.0
@@ -498,6 +540,8 @@ class HttpConnection(asyncio.Protocol):
             if not self.pipeline:
                 self.resume_reading()
             self.loop.call_soon(self._launch_pipelined, exchange)  # not inside the finished app's own step
+        elif self._failure is not None:
+            self._reject(*self._failure)
         elif self.shutting_down:
             self.close()
         else:
@@ -530,7 +574,7 @@ class HttpConnection(asyncio.Protocol):
             self.transport.pause_reading()
 
     def resume_reading(self) -> None:
-        if self.read_paused and not self.closing and not self.pipeline:
+        if self.read_paused and not self.closing and not self.pipeline and self._failure is None:
             active = self.active
             if active is not None and active.unread > BODY_HIGH_WATER:
                 return
@@ -549,6 +593,33 @@ class HttpConnection(asyncio.Protocol):
                 + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body
             )
         self.close()
+
+    def _protocol_error(self, status: int, message: str) -> None:
+        """The request being parsed is malformed: parse nothing more, answer `status` in its turn, close.
+
+        When the bad part is the body of the request whose app runs, the app (waiting for that
+        body) is told the client left and the error is the answer; requests before the bad one
+        are answered first."""
+        self._failure = (status, message)
+        self._in_headers = False  # no header deadline for a request that will not run
+        bad, self.parsing = self.parsing, None
+        if bad is not None and bad is self.active:
+            if bad.started:  # an answer is under way: it cannot be followed by another
+                self.close()
+                return
+            bad.started = bad.complete = True  # the app gets a disconnect and answers nothing
+            self.active = None
+            if self._to_launch is bad:
+                self._to_launch = None
+            bad.lose()
+        elif bad is not None:  # pipelined, its app never ran
+            bad.complete = True
+            if bad in self.pipeline:
+                self.pipeline.remove(bad)
+        if self.active is None and not self.pipeline:
+            self._reject(status, message)
+        else:
+            self.pause_reading()
 
     def _body_too_late(self, exchange: Exchange) -> None:
         """408 for a request whose body did not arrive in time (unless its answer is already under way)."""

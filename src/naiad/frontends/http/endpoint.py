@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 from typing import Any, Awaitable, Callable
 
-import orjson
 from starlette.routing import Route
 
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.responses import Reply, Send, error_reply, send_error, send_reply
 from naiad.protocol.errors import NaiadError, invalid_arg
+from naiad.protocol.request_json import load_request_json
 
 logger = logging.getLogger("naiad.http")
 
@@ -42,10 +42,7 @@ class RouteRequest:
         data = await self.body()
         if not data.strip() and not required:
             return None
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+        return load_request_json(data)
 
     async def json_object(self, required: bool = False) -> dict[str, Any]:
         doc = await self.json(required)

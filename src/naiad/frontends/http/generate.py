@@ -16,6 +16,7 @@ from naiad.frontends.http.infer_params import apply_request_parameters
 from naiad.frontends.http.responses import JSON, Send, send_error
 from naiad.frontends.security import HeaderForwarder
 from naiad.protocol.errors import NaiadError, invalid_arg
+from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import array_from_json, array_to_json
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
 
@@ -115,10 +116,7 @@ class GenerateHandler:
             if headers.content_encoding not in (None, b"identity"):
                 raise invalid_arg(f"unsupported Content-Encoding '{headers.content_encoding.decode(errors='replace')}' for generate")
             body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
-            try:
-                doc = orjson.loads(body)
-            except orjson.JSONDecodeError as exc:
-                raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
+            doc = load_request_json(body)
             request = build_generate_request(server, model, version, doc)
             if self.forward_headers is not None:
                 self.forward_headers.apply(scope["headers"], request.parameters)

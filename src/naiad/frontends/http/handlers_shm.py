@@ -10,6 +10,7 @@ from naiad.frontends.http.endpoint import RouteRequest
 from naiad.frontends.http.infer_params import is_uint
 from naiad.frontends.http.responses import Reply, empty_reply, json_reply
 from naiad.protocol.errors import invalid_arg
+from naiad.protocol.request_json import json_preview
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -22,7 +23,7 @@ def _uint_field(doc: dict[str, Any], key: str, required: bool, default: int = 0)
         return default
     value = doc[key]
     if not is_uint(value):
-        raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer, got {value!r}")
+        raise invalid_arg(f"Unable to parse '{key}': expected a non-negative integer, got {json_preview(value)}")
     return value
 
 

@@ -20,7 +20,17 @@ from naiad.frontends.http.infer_params import (
 )
 from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.protocol.errors import invalid_arg
-from naiad.protocol.tensor_codec import array_from_json, array_from_raw, array_to_json, array_to_raw, check_datatype, parse_shape
+from naiad.protocol.request_json import load_request_json
+from naiad.protocol.tensor_codec import (
+    array_from_json,
+    array_from_raw,
+    array_to_json,
+    array_to_raw,
+    check_datatype,
+    has_non_finite,
+    non_finite_json_array,
+    parse_shape,
+)
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 
 if TYPE_CHECKING:
@@ -55,13 +65,6 @@ def parse_header_length(value: bytes | None, body_length: int) -> int | None:
     raise invalid_arg(f"inference header size should be in range (0, {body_length}), got: {shown}")
 
 
-def _load_json(data: bytes | memoryview) -> Any:
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise invalid_arg(f"failed to parse the request JSON buffer: {exc}") from None
-
-
 def decode_infer_request(
     server: Server, model: str, version: str, body: bytes, header_length: int | None
 ) -> tuple[InferenceRequest, OutputPlan]:
@@ -70,10 +73,10 @@ def decode_infer_request(
         return decode_raw_request(server, model, version, body), OutputPlan(default_binary=True)
     view = memoryview(body)
     if header_length is None:
-        doc = _load_json(body)
+        doc = load_request_json(body)
         binary = _EMPTY
     else:
-        doc = _load_json(view[:header_length])
+        doc = load_request_json(view[:header_length])
         binary = view[header_length:]
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
@@ -173,6 +176,8 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
         flat = flat.astype(flat.dtype.newbyteorder("="))
     if not flat.flags.c_contiguous:
         flat = np.ascontiguousarray(flat)
+    if has_non_finite(flat):
+        return non_finite_json_array(flat)
     return flat
 
 

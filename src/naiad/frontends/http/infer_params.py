@@ -41,11 +41,17 @@ def as_object(value: Any, what: str) -> dict[str, Any]:
 
 
 def custom_parameter(key: str, value: Any) -> Any:
-    """A user parameter must be a string, bool, int64 or double."""
+    """A user parameter must be a string, bool, int64 or double; an integer past int64 becomes a
+    double, as Triton's JSON parser reads it."""
     if isinstance(value, (str, bool, float)):
         return value
-    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-        return value
+    if type(value) is int:
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return value
+        try:
+            return float(value)
+        except OverflowError:
+            pass  # beyond any double
     raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from naiad.protocol.request_json import json_preview
+
 # Legacy completions default to 16 tokens (OpenAI's and vLLM's CompletionRequest); chat completions have no
 # default: they generate until EOS or the context limit, which `"max_tokens": null` asks of the backend
 # (vLLM's SamplingParams(max_tokens=None)).
@@ -65,7 +67,7 @@ def _int(body: dict[str, Any], key: str, low: int, high: int | None = None) -> i
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
         bound = f"between {low} and {high}" if high is not None else f"at least {low}"
-        raise RequestError(f"'{key}' must be an integer {bound}, got {value!r}")
+        raise RequestError(f"'{key}' must be an integer {bound}, got {json_preview(value)}")
     return value
 
 
