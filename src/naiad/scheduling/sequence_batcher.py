@@ -117,7 +117,8 @@ class SequenceBatcher:
         self._sequences: dict[int | str, _Sequence] = {}
         self._backlog: RemovableQueue[_Sequence] = RemovableQueue()  # sequences waiting for a slot, oldest first
         self._instances = list(pool.instances)
-        self._occupancy = [0] * len(self._instances)
+        # The sequences holding a slot of each instance: batch formation looks at these only, not at the backlog.
+        self._holders: list[dict[_Sequence, None]] = [{} for _ in self._instances]
         self._free_slots = [list(range(per_instance)) for _ in self._instances]
         self._wakeups = [asyncio.Event() for _ in self._instances]
         self._inflight = 0
@@ -189,7 +190,7 @@ class SequenceBatcher:
         self._sequences[cid] = sequence
         if free:
             # Lowest slot number first, across instances (as Triton fills slot 0 of every instance first).
-            self._assign(sequence, min(free, key=lambda i: (self._free_slots[i][0], self._occupancy[i], i)))
+            self._assign(sequence, min(free, key=lambda i: (self._free_slots[i][0], len(self._holders[i]), i)))
         else:
             self._backlog.append(sequence)
         return sequence
@@ -197,7 +198,7 @@ class SequenceBatcher:
     def _assign(self, sequence: _Sequence, instance: int) -> None:
         sequence.instance = instance
         sequence.slot = heapq.heappop(self._free_slots[instance])
-        self._occupancy[instance] += 1
+        self._holders[instance][sequence] = None
         self._wakeups[instance].set()
 
     def _release(self, sequence: _Sequence) -> None:
@@ -206,7 +207,7 @@ class SequenceBatcher:
             del self._sequences[sequence.correlation_id]
         instance, sequence.instance = sequence.instance, -1  # released once only
         if instance >= 0:
-            self._occupancy[instance] -= 1
+            del self._holders[instance][sequence]
             heapq.heappush(self._free_slots[instance], sequence.slot)
             sequence.slot = -1
             if self._backlog:
@@ -220,7 +221,7 @@ class SequenceBatcher:
     # ------------------------------------------------------------ execution
 
     def _ready(self, instance: int) -> list[_Sequence]:
-        ready = [s for s in self._sequences.values() if s.instance == instance and s.queue and not s.busy]
+        ready = [s for s in self._holders[instance] if s.queue and not s.busy]
         ready.sort(key=lambda s: s.queue.peek().enqueue_ns)
         return ready[: self._rows_per_batch]
 
@@ -295,7 +296,7 @@ class SequenceBatcher:
         CORRID 0; its results are dropped.
         """
         by_slot = {sequence.slot: item for sequence, item in items}
-        in_use = [s.slot for s in self._sequences.values() if s.instance == index and s.slot >= 0]
+        in_use = [s.slot for s in self._holders[index]]
         highest = max(in_use + list(by_slot))
         template = items[0][1]
         batch = []
