@@ -68,6 +68,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
 max_batch_size: 8
 sequence_batching {{ control_input [ {SIMPLE_CONTROLS} ] }}
 """)
+    # A control input the graph has no placeholder for: a load error naming it.
+    fm.save_tf_sequence_graphdef(fm.version_dir(repo, "missing_control") / "model.graphdef", batching=True, dyna=False)
+    fm.write_config(repo / "missing_control", _config("missing_control", 8, "direct { }", DYNA_CONTROLS))
     fm.save_tf_state_graphdef(fm.version_dir(repo, "state_sum") / "model.graphdef")
     state = """state [ { input_name: "STATE_IN" output_name: "STATE_OUT" data_type: TYPE_INT32 dims: [ 1 ]
             initial_state { data_type: TYPE_INT32 dims: [ 1 ] zero_data: true name: "zero" } } ]"""
@@ -135,3 +138,11 @@ def test_control_inputs_are_not_client_inputs_of_an_auto_completed_savedmodel(se
         metadata = client.get_model_metadata("saved_sequence")
     assert [t["name"] for t in metadata["inputs"]] == ["INPUT"]
     assert [t["name"] for t in metadata["outputs"]] == ["OUTPUT"]
+
+
+def test_a_control_input_missing_from_the_graph_fails_the_load_with_its_name(server: RunningServer) -> None:
+    with httpclient.InferenceServerClient(server.http_url) as client:
+        index = {entry["name"]: entry for entry in client.get_model_repository_index()}
+        assert index["missing_control"]["state"] == "UNAVAILABLE"
+        assert "'END:0' refers to a Tensor which does not exist" in index["missing_control"]["reason"]
+        assert client.is_model_ready("simple_sequence")
