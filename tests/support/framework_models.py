@@ -279,3 +279,56 @@ def save_tf_graphdef(path: Path, n_features: int = 4) -> tuple[str, str]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(frozen.graph.as_graph_def().SerializeToString())
     return frozen.inputs[0].name.split(":")[0], frozen.outputs[0].name.split(":")[0]
+
+
+def save_tf_sequence_graphdef(path: Path, batching: bool, dyna: bool) -> None:
+    """model.graphdef of a TF1 graph fed by sequence control inputs, as Triton's simple_(dyna_)sequence.
+
+    INT32 placeholders INPUT, START, READY, and with dyna END plus CORRID (UINT64), all [None, 1]
+    (or [1] without batching); OUTPUT = READY * (INPUT + START (+ END * CORRID with dyna)).
+    """
+    import tensorflow as tf
+
+    shape = [None, 1] if batching else [1]
+    names = ("INPUT", "START", "READY", "END") if dyna else ("INPUT", "START", "READY")
+    graph = tf.Graph()
+    with graph.as_default():
+        feeds = {name: tf.compat.v1.placeholder(tf.int32, shape, name) for name in names}
+        total = feeds["INPUT"] + feeds["START"]
+        if dyna:
+            total += feeds["END"] * tf.cast(tf.compat.v1.placeholder(tf.uint64, shape, "CORRID"), tf.int32)
+        tf.identity(feeds["READY"] * total, name="OUTPUT")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+
+
+def save_tf_state_graphdef(path: Path) -> None:
+    """model.graphdef of a TF1 graph with implicit state: OUTPUT = STATE_IN * (1 - START) + INPUT = STATE_OUT.
+
+    INPUT, START, STATE_IN are INT32 placeholders of shape [None, 1].
+    """
+    import tensorflow as tf
+
+    graph = tf.Graph()
+    with graph.as_default():
+        value, start, state = (tf.compat.v1.placeholder(tf.int32, [None, 1], n) for n in ("INPUT", "START", "STATE_IN"))
+        total = state * (1 - start) + value
+        tf.identity(total, name="OUTPUT")
+        tf.identity(total, name="STATE_OUT")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(graph.as_graph_def().SerializeToString())
+
+
+def save_tf_sequence_savedmodel(path: Path) -> None:
+    """model.savedmodel/: serving_default(INPUT, START, READY: INT32 [None, 1]) -> {OUTPUT: READY * (INPUT + START)}."""
+    import tensorflow as tf
+
+    spec = [tf.TensorSpec([None, 1], tf.int32, name=n) for n in ("INPUT", "START", "READY")]
+
+    class Sequence(tf.Module):
+        @tf.function(input_signature=spec)
+        def serve(self, INPUT, START, READY):  # noqa: N803 - the signature's keys are Triton's tensor names
+            return {"OUTPUT": READY * (INPUT + START)}
+
+    module = Sequence()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})

@@ -61,6 +61,22 @@ def _signature_io(fn) -> tuple[dict, dict]:
     return dict(inputs), dict(fn.structured_outputs)
 
 
+def _sequence_tensors(config: mc.ModelConfig) -> tuple[list[str], list[str]]:
+    """What the sequence batcher feeds (control inputs such as START/READY/CORRID, implicit state) and
+    fetches (implicit state): tensors of the model that clients never send nor see."""
+    sequence = config.sequence_batching
+    feeds = [c.name for c in sequence.control_input] + [s.input_name for s in sequence.state]
+    return feeds, [s.output_name for s in sequence.state]
+
+
+def _feeds_and_fetches(config: mc.ModelConfig) -> tuple[list[str], list[str]]:
+    """Every tensor the model is fed and asked for: the config's inputs and outputs, then the sequence batcher's."""
+    feeds, fetches = _sequence_tensors(config)
+    feeds = [t.name for t in config.input] + feeds
+    fetches = [t.name for t in config.output] + fetches
+    return list(dict.fromkeys(feeds)), list(dict.fromkeys(fetches))
+
+
 class TensorFlowBackend:
     """`backend: "tensorflow"`, platforms `tensorflow_savedmodel` and `tensorflow_graphdef`."""
 
@@ -76,6 +92,10 @@ class TensorFlowBackend:
             return
         _, fn = _signature(model_file, config)
         inputs, outputs = _signature_io(fn)
+        # Control inputs and implicit state are the sequence batcher's, not the clients' tensors.
+        batcher_feeds, batcher_fetches = _sequence_tensors(config)
+        inputs = {k: v for k, v in inputs.items() if k not in batcher_feeds}
+        outputs = {k: v for k, v in outputs.items() if k not in batcher_fetches}
         specs = list(inputs.values()) + list(outputs.values())
         batchable = bool(specs) and all(s.shape.rank and s.shape[0] is None for s in specs)
         if config.max_batch_size == 0 and batchable:
@@ -128,8 +148,8 @@ class SavedModelInstance:
         self._device = device
         self._loaded, self._fn = _signature(source.model_file, source.config)
         inputs, outputs = _signature_io(self._fn)
-        unknown = [t.name for t in source.config.input if t.name not in inputs]
-        unknown += [t.name for t in source.config.output if t.name not in outputs]
+        feeds, fetches = _feeds_and_fetches(source.config)
+        unknown = [name for name in feeds if name not in inputs] + [name for name in fetches if name not in outputs]
         if unknown:
             raise ConfigError(
                 f"model '{source.config.name}': {unknown} are not keys of the SavedModel signature "
@@ -153,7 +173,10 @@ def _tensor_name(name: str) -> str:
 
 
 class GraphDefInstance:
-    """A frozen GraphDef pruned to the config's inputs and outputs (names are graph node names)."""
+    """A frozen GraphDef pruned to the config's inputs and outputs (names are graph node names).
+
+    Sequence control inputs and implicit state are placeholders of the graph like any input: they are
+    fed too (a graph using them cannot be pruned without them)."""
 
     def __init__(self, source: ModelSource, name: str, device: str) -> None:
         self.name = name
@@ -164,8 +187,7 @@ class GraphDefInstance:
             graph_def.ParseFromString(source.model_file.read_bytes())
             wrapped = tf.compat.v1.wrap_function(lambda: tf.compat.v1.import_graph_def(graph_def, name=""), [])
             graph = wrapped.graph
-            self._input_names = [t.name for t in config.input]
-            self._output_names = [t.name for t in config.output]
+            self._input_names, self._output_names = _feeds_and_fetches(config)
             feeds = [graph.get_tensor_by_name(_tensor_name(n)) for n in self._input_names]
             fetches = [graph.get_tensor_by_name(_tensor_name(n)) for n in self._output_names]
             self._fn = wrapped.prune(feeds, fetches)

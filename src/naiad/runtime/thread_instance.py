@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import time
 from collections.abc import Callable, Coroutine
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from naiad.backends.base import ExecutionBatch, ModelInstance
+from naiad.runtime.removable_queue import RemovableQueue
 
 
 # Executions shorter than this run inline on the event loop: a thread hand-off costs more
@@ -78,27 +80,56 @@ class ThreadInstance:
 
 
 class InstancePool:
-    """The instances of one model version (thread-run or request-level); idle ones are handed out first-come."""
+    """The instances of one model version (thread-run or request-level); idle ones are handed out first-come.
+
+    A caller may ask for one particular instance (the sequence batcher keeps each sequence on the
+    instance it started on); such callers are served before those taking any instance. A waiter
+    whose caller is cancelled leaves its queue in O(1), however many wait.
+    """
 
     def __init__(self, instances: list) -> None:
         self.instances = instances
-        self._idle: asyncio.Queue[ThreadInstance] = asyncio.Queue()
-        for inst in instances:
-            self._idle.put_nowait(inst)
+        self._idle: collections.deque = collections.deque(instances)
+        self._waiters: RemovableQueue[asyncio.Future] = RemovableQueue()  # callers taking any instance
+        self._wanted: dict[int, RemovableQueue[asyncio.Future]] = {id(inst): RemovableQueue() for inst in instances}
         self._executions: set[asyncio.Future] = set()  # executions the pool waits for before closing
 
-    async def acquire(self):  # -> ThreadInstance | RequestModelInstance
-        return await self._idle.get()
-
-    def try_acquire(self):
-        """An idle instance right now, or None."""
+    async def acquire(self, instance=None):  # -> ThreadInstance | RequestModelInstance
+        """An idle instance (that one, when given), waiting for it as long as needed."""
+        granted = self.try_acquire(instance)
+        if granted is not None:
+            return granted
+        waiters = self._waiters if instance is None else self._wanted[id(instance)]
+        future = asyncio.get_running_loop().create_future()
+        waiters.append(future)
         try:
-            return self._idle.get_nowait()
-        except asyncio.QueueEmpty:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(future.result())  # granted, but the caller went away
+            else:
+                waiters.discard(future)
+            raise
+
+    def try_acquire(self, instance=None):
+        """An idle instance (that one, when given) right now, or None; earlier waiters go first."""
+        if instance is None:
+            if self._waiters or not self._idle:
+                return None
+            return self._idle.popleft()
+        if self._wanted[id(instance)] or instance not in self._idle:
             return None
+        self._idle.remove(instance)  # a handful of instances: linear is fine
+        return instance
 
     def release(self, instance) -> None:
-        self._idle.put_nowait(instance)
+        for waiters in (self._wanted.get(id(instance)), self._waiters):
+            while waiters:
+                future = waiters.popleft()
+                if not future.done():  # a cancelled caller may not have withdrawn yet
+                    future.set_result(instance)
+                    return
+        self._idle.append(instance)
 
     def run(self, instance, execution: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run an execution on an acquired instance as a task of its own, then release the instance.

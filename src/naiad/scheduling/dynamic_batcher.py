@@ -79,11 +79,9 @@ class DynamicBatcher:
                 await self._release_in_order(previous, own)
 
     def _withdraw(self, item: WorkItem, level: PriorityLevel) -> None:
-        """A cancelled request leaves the queue at once (pending counts and batch formation see it gone)."""
-        for queue in (level.queue, level.delayed):
-            if item in queue:
-                queue.remove(item)
-                self._arrived.set()
+        """A cancelled request leaves the queue at once, in O(1) (pending counts and batch formation see it gone)."""
+        if level.queue.discard(item) or level.delayed.discard(item):
+            self._arrived.set()
 
     def _ordering_slot(self) -> tuple[asyncio.Future | None, asyncio.Future | None]:
         if not self._preserve_ordering:
@@ -103,9 +101,8 @@ class DynamicBatcher:
 
     def _expire(self, item: WorkItem, level: PriorityLevel) -> None:
         """A queue timeout fired: REJECT fails the request now; DELAY moves it behind the others."""
-        if item.future.done() or item not in level.queue:
+        if item.future.done() or not level.queue.discard(item):
             return
-        level.queue.remove(item)
         if level.policy.delay_on_timeout:
             level.delayed.append(item)
         else:
@@ -185,19 +182,15 @@ class DynamicBatcher:
     def _drop_finished(self) -> None:
         for level in self._levels:
             for queue in (level.queue, level.delayed):
-                while queue and queue[0].future.done():
+                while queue and queue.peek().future.done():
                     queue.popleft()
 
     def _take(self, items: list[WorkItem]) -> None:
-        chosen = {id(it) for it in items}
-        for level in self._levels:
-            for queue in (level.queue, level.delayed):
-                while queue and id(queue[0]) in chosen:
-                    queue.popleft()
-                if any(id(it) in chosen for it in queue):
-                    kept = [it for it in queue if id(it) not in chosen]
-                    queue.clear()
-                    queue.extend(kept)
+        queues = [queue for level in self._levels for queue in (level.queue, level.delayed)]
+        for item in items:
+            for queue in queues:
+                if queue.discard(item):
+                    break
 
     async def _wait_for_requests(self) -> None:
         while True:

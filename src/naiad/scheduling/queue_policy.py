@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import collections
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.runtime.removable_queue import RemovableQueue
 from naiad.scheduling.base import WorkItem
 
 QUEUE_FULL_MESSAGE = "Exceeds maximum queue size"
@@ -38,11 +38,14 @@ class QueuePolicy:
 
 @dataclass
 class PriorityLevel:
-    """One FIFO queue plus the requests that timed out with action DELAY (batched last)."""
+    """One FIFO queue plus the requests that timed out with action DELAY (batched last).
+
+    A request leaves either from anywhere in O(1) (cancelled, timed out, taken into a batch).
+    """
 
     policy: QueuePolicy
-    queue: collections.deque[WorkItem] = field(default_factory=collections.deque)
-    delayed: collections.deque[WorkItem] = field(default_factory=collections.deque)
+    queue: RemovableQueue[WorkItem] = field(default_factory=RemovableQueue)
+    delayed: RemovableQueue[WorkItem] = field(default_factory=RemovableQueue)
 
     def size(self) -> int:
         return len(self.queue) + len(self.delayed)

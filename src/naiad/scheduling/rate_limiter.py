@@ -16,11 +16,11 @@ Off (the default), models get a plain InstancePool and the request path never se
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.runtime.removable_queue import RemovableQueue
 from naiad.runtime.thread_instance import InstancePool
 
 RATE_LIMIT_MODES = ("off", "execution_count")
@@ -70,11 +70,18 @@ class InstanceLimits:
         return cls(tuple(needs.items()), max(limiter.priority, 1))
 
 
+Waiter = tuple[int, asyncio.Future]  # (arrival number, future granted the instance)
+
+
 @dataclass
 class _PoolState:
     limits: dict[int, InstanceLimits]  # id(instance) -> its limits
     idle: list = field(default_factory=list)
-    waiters: deque = field(default_factory=deque)  # (seq, future) in arrival order
+    waiters: RemovableQueue[Waiter] = field(default_factory=RemovableQueue)  # callers taking any instance
+    wanted: dict[int, RemovableQueue[Waiter]] = field(default_factory=dict)  # id(instance) -> its own callers
+
+    def queues(self) -> list[RemovableQueue[Waiter]]:
+        return [self.waiters, *self.wanted.values()]
 
 
 class RateLimitedPool(InstancePool):
@@ -87,11 +94,11 @@ class RateLimitedPool(InstancePool):
         self._limiter = limiter
         limiter.register(self, limits)
 
-    async def acquire(self):
-        return await self._limiter.acquire(self)
+    async def acquire(self, instance=None):
+        return await self._limiter.acquire(self, instance)
 
-    def try_acquire(self):
-        return self._limiter.try_acquire(self)
+    def try_acquire(self, instance=None):
+        return self._limiter.try_acquire(self, instance)
 
     def release(self, instance) -> None:
         self._limiter.release(self, instance)
@@ -129,6 +136,7 @@ class RateLimiter:
 
     def register(self, pool: RateLimitedPool, limits: list[InstanceLimits]) -> None:
         state = _PoolState({id(inst): lim for inst, lim in zip(pool.instances, limits)}, list(pool.instances))
+        state.wanted = {id(inst): RemovableQueue() for inst in pool.instances}
         scopes = {name: device is None for other in self._pools.values() for lim in other.limits.values()
                   for (name, device), _ in lim.needs}
         for lim in limits:
@@ -152,8 +160,9 @@ class RateLimiter:
         state = self._pools.pop(pool, None)
         if state is None:
             return
-        for _, future in state.waiters:
-            future.cancel()
+        for queue in state.queues():
+            for _, future in queue:
+                future.cancel()
         for inst in pool.instances:
             self._pass.pop(id(inst), None)
         self._capacity = self._capacities(list(self._pools.values()))
@@ -182,34 +191,33 @@ class RateLimiter:
 
     # ------------------------------------------------------------ hand-outs
 
-    def try_acquire(self, pool: RateLimitedPool):
+    def try_acquire(self, pool: RateLimitedPool, wanted=None):
+        """An instance of the pool (that one, when wanted is given) that may run now, or None."""
         state = self._pools[pool]
-        if state.waiters:
-            return None  # earlier callers of this pool go first
-        instance = self._candidate(state)
+        if (state.waiters if wanted is None else state.wanted[id(wanted)]):
+            return None  # earlier callers go first
+        instance = self._candidate(state, wanted)
         if instance is not None:
             self._grant(state, instance)
         return instance
 
-    async def acquire(self, pool: RateLimitedPool):
-        instance = self.try_acquire(pool)
+    async def acquire(self, pool: RateLimitedPool, wanted=None):
+        instance = self.try_acquire(pool, wanted)
         if instance is not None:
             return instance
         state = self._pools[pool]
+        queue = state.waiters if wanted is None else state.wanted[id(wanted)]
         future = asyncio.get_running_loop().create_future()
         self._seq += 1
         entry = (self._seq, future)
-        state.waiters.append(entry)
+        queue.append(entry)
         try:
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release(pool, future.result())  # granted, but the caller went away
             else:
-                try:
-                    state.waiters.remove(entry)
-                except ValueError:
-                    pass
+                queue.discard(entry)  # O(1) however many wait
             raise
 
     def release(self, pool: RateLimitedPool, instance) -> None:
@@ -226,10 +234,12 @@ class RateLimiter:
     def _effective_pass(self, instance) -> float:
         return max(self._pass[id(instance)], self._virtual)
 
-    def _candidate(self, state: _PoolState):
-        """The idle instance of this pool that may run now (lowest pass first), or None."""
+    def _candidate(self, state: _PoolState, wanted=None):
+        """The idle instance of this pool (wanted only, when given) that may run now (lowest pass first), or None."""
         best = None
         for instance in state.idle:
+            if wanted is not None and instance is not wanted:
+                continue
             if self._fits(state.limits[id(instance)]):
                 if best is None or self._effective_pass(instance) < self._effective_pass(best):
                     best = instance
@@ -250,20 +260,28 @@ class RateLimiter:
         while True:
             best = None
             for state in self._pools.values():
-                while state.waiters and state.waiters[0][1].done():
-                    state.waiters.popleft()
-                if not state.waiters:
-                    continue
-                instance = self._candidate(state)
-                if instance is None:
-                    continue
-                rank = (self._effective_pass(instance), state.limits[id(instance)].priority, state.waiters[0][0])
-                if best is None or rank < best[0]:
-                    best = (rank, state, instance)
+                for queue in state.queues():
+                    while queue and queue.peek()[1].done():  # cancelled, not withdrawn yet
+                        queue.popleft()
+                if state.waiters:
+                    best = self._better(best, state, state.waiters, self._candidate(state))
+                for instance in state.idle:
+                    queue = state.wanted[id(instance)]
+                    if queue:
+                        best = self._better(best, state, queue, self._candidate(state, instance))
             if best is None:
                 return
-            _, state, instance = best
+            _, state, queue, instance = best
             self._grant(state, instance)
-            _, future = state.waiters.popleft()
+            _, future = queue.popleft()
             future.set_result(instance)
+
+    def _better(self, best: tuple | None, state: _PoolState, queue: RemovableQueue[Waiter], instance) -> tuple | None:
+        """The better of best and (queue's first waiter, instance); instance None means it cannot run."""
+        if instance is None:
+            return best
+        rank = (self._effective_pass(instance), state.limits[id(instance)].priority, queue.peek()[0])
+        if best is None or rank < best[0]:
+            return (rank, state, queue, instance)
+        return best
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
+import functools
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -18,6 +18,7 @@ from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg, unavailable
 from naiad.protocol.types import InferenceRequest
+from naiad.runtime.removable_queue import RemovableQueue
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, run_batch
 
@@ -43,12 +44,12 @@ class _State:
     initial: np.ndarray | None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: the backlog removes sequences by key
 class _Sequence:
     correlation_id: int | str
     instance: int
     slot: int = -1
-    queue: collections.deque[WorkItem] = field(default_factory=collections.deque)
+    queue: RemovableQueue[WorkItem] = field(default_factory=RemovableQueue)
     busy: bool = False
     started: bool = False
     last_seen: float = field(default_factory=time.monotonic)
@@ -114,9 +115,10 @@ class SequenceBatcher:
         self._controls = _controls(sequence)
         self._states = _states(sequence, model_dir)
         self._sequences: dict[int | str, _Sequence] = {}
-        self._backlog: collections.deque[_Sequence] = collections.deque()
+        self._backlog: RemovableQueue[_Sequence] = RemovableQueue()  # sequences waiting for a slot, oldest first
         self._instances = list(pool.instances)
-        self._occupancy = [0] * len(self._instances)
+        # The sequences holding a slot of each instance: batch formation looks at these only, not at the backlog.
+        self._holders: list[dict[_Sequence, None]] = [{} for _ in self._instances]
         self._free_slots = [list(range(per_instance)) for _ in self._instances]
         self._wakeups = [asyncio.Event() for _ in self._instances]
         self._inflight = 0
@@ -167,6 +169,20 @@ class SequenceBatcher:
             return await item.future
         finally:
             self._inflight -= 1
+            if item.future.cancelled():
+                self._withdraw(sequence, item)
+
+    def _withdraw(self, sequence: _Sequence, item: WorkItem) -> None:
+        """A cancelled request leaves its sequence's queue at once (O(1)); a sequence that never ran and
+        has nothing left to run is forgotten, its slot or backlog place freed."""
+        sequence.queue.discard(item)
+        if sequence.started or sequence.busy or sequence.queue or self._sequences.get(sequence.correlation_id) is not sequence:
+            return
+        if sequence.instance >= 0:
+            self._release(sequence)
+        else:
+            self._backlog.discard(sequence)
+            del self._sequences[sequence.correlation_id]
 
     def _admit(self, cid: int | str) -> _Sequence:
         free = [i for i, slots in enumerate(self._free_slots) if slots]
@@ -174,7 +190,7 @@ class SequenceBatcher:
         self._sequences[cid] = sequence
         if free:
             # Lowest slot number first, across instances (as Triton fills slot 0 of every instance first).
-            self._assign(sequence, min(free, key=lambda i: (self._free_slots[i][0], self._occupancy[i], i)))
+            self._assign(sequence, min(free, key=lambda i: (self._free_slots[i][0], len(self._holders[i]), i)))
         else:
             self._backlog.append(sequence)
         return sequence
@@ -182,7 +198,7 @@ class SequenceBatcher:
     def _assign(self, sequence: _Sequence, instance: int) -> None:
         sequence.instance = instance
         sequence.slot = heapq.heappop(self._free_slots[instance])
-        self._occupancy[instance] += 1
+        self._holders[instance][sequence] = None
         self._wakeups[instance].set()
 
     def _release(self, sequence: _Sequence) -> None:
@@ -191,7 +207,7 @@ class SequenceBatcher:
             del self._sequences[sequence.correlation_id]
         instance, sequence.instance = sequence.instance, -1  # released once only
         if instance >= 0:
-            self._occupancy[instance] -= 1
+            del self._holders[instance][sequence]
             heapq.heappush(self._free_slots[instance], sequence.slot)
             sequence.slot = -1
             if self._backlog:
@@ -205,8 +221,8 @@ class SequenceBatcher:
     # ------------------------------------------------------------ execution
 
     def _ready(self, instance: int) -> list[_Sequence]:
-        ready = [s for s in self._sequences.values() if s.instance == instance and s.queue and not s.busy]
-        ready.sort(key=lambda s: s.queue[0].enqueue_ns)
+        ready = [s for s in self._holders[instance] if s.queue and not s.busy]
+        ready.sort(key=lambda s: s.queue.peek().enqueue_ns)
         return ready[: self._rows_per_batch]
 
     def _under_utilized(self, ready: list[_Sequence]) -> float:
@@ -217,7 +233,7 @@ class SequenceBatcher:
         """
         if self._min_utilization <= 0 or len(ready) >= self._min_utilization * self._slots_per_instance:
             return 0.0
-        oldest = min(s.queue[0].enqueue_ns for s in ready)
+        oldest = min(s.queue.peek().enqueue_ns for s in ready)
         return max(oldest / 1e9 + self._delay_s - time.perf_counter_ns() / 1e9, 0.0)
 
     async def _wait_for_batch(self, index: int) -> list[_Sequence]:
@@ -264,10 +280,14 @@ class SequenceBatcher:
             batch = [it for _, it in items]
             if self._direct and self._batching:
                 batch = self._pad_slots(index, items)
-            instance = await self._pool.acquire()
+            # The sequences of this batch live on this instance (their state may be inside it): only it runs them.
+            instance = await self._pool.acquire(self._instances[index])
             await run_batch(self._pool, instance, batch, self._batching, self._stats)
             for sequence, item in items:
-                self._after(sequence, item)
+                if item.future.done() or self._iterative:  # answered, or rescheduled by the backend
+                    self._after(sequence, item)
+                else:  # answered later (an async execute): the sequence's next request waits for this answer
+                    item.future.add_done_callback(functools.partial(self._answered, sequence, item))
 
     def _pad_slots(self, index: int, items: list[tuple[_Sequence, WorkItem]]) -> list[WorkItem]:
         """Direct strategy: one batch row per slot up to the highest slot in use; empty slots padded.
@@ -276,7 +296,7 @@ class SequenceBatcher:
         CORRID 0; its results are dropped.
         """
         by_slot = {sequence.slot: item for sequence, item in items}
-        in_use = [s.slot for s in self._sequences.values() if s.instance == index and s.slot >= 0]
+        in_use = [s.slot for s in self._holders[index]]
         highest = max(in_use + list(by_slot))
         template = items[0][1]
         batch = []
@@ -323,6 +343,9 @@ class SequenceBatcher:
             if state.output_name not in item.output_names:
                 item.output_names = item.output_names + [state.output_name]
         sequence.started = True
+
+    def _answered(self, sequence: _Sequence, item: WorkItem, _: asyncio.Future) -> None:
+        self._after(sequence, item)
 
     def _after(self, sequence: _Sequence, item: WorkItem) -> None:
         sequence.busy = False
@@ -384,7 +407,7 @@ class SequenceBatcher:
                 self._release(sequence)
             for sequence in list(self._backlog):
                 if now - sequence.last_seen >= self._idle_s:
-                    self._backlog.remove(sequence)
+                    self._backlog.discard(sequence)
                     self._sequences.pop(sequence.correlation_id, None)
                     while sequence.queue:
                         sequence.queue.popleft().fail(unavailable("timeout of the corresponding sequence has been expired"))
