@@ -293,6 +293,22 @@ def test_parameters(server):
     )
 
 
+def test_version_strings_as_triton_reads_them(server):
+    """Digits only in the path (else 404 Not Found); digits past int64 get Triton's stol text (400)."""
+    doc = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+    big = "99999999999999999999"
+    message = (f"failed to get model version from specified version string '{big}' (details: stol), "
+               "version should be an integral value > 0")
+    for method, suffix, body in (("POST", "/infer", doc), ("GET", "", None), ("GET", "/config", None),
+                                 ("GET", "/ready", None), ("GET", "/stats", None)):
+        status, _, answer = call(server, method, f"/v2/models/identity_int32/versions/{big}{suffix}", body)
+        assert (status, error_of(answer)) == (400, message), suffix
+        status, _, _ = call(server, method, f"/v2/models/identity_int32/versions/abc{suffix}", body)
+        assert status == 404, suffix
+    status, _, _ = call(server, "POST", "/v2/models/identity_int32/versions/1/infer", doc)
+    assert status == 200
+
+
 def test_statistics(client):
     inp = httpclient.InferInput("INPUT0", [1, 1], "INT8")
     inp.set_data_from_numpy(np.ones((1, 1), np.int8))
