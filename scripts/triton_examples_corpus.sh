@@ -17,11 +17,14 @@ PY=${PYTHON:-python3}; LIMIT=${TIMEOUT:-60}
 H=localhost:8000; G=localhost:8001
 pass=0; fail=0
 
-run() {  # run LABEL DIR SCRIPT ARGS...: PASS when the script exits 0 (and prints no "error" for -d sequences)
+run() {  # run LABEL DIR SCRIPT ARGS...: PASS when the script exits 0 and, if it can print "PASS", did
   local label=$1 dir=$2; shift 2
   local out rc
   out=$(cd "$dir" && timeout "$LIMIT" "$PY" "$@" 2>&1); rc=$?
-  if [ $rc -eq 0 ]; then
+  if [ $rc -eq 0 ] && grep -q 'print("PASS' "$dir/$1" && ! printf '%s' "$out" | grep -q PASS; then
+    rc="0 without PASS"
+  fi
+  if [ "$rc" = 0 ]; then
     pass=$((pass + 1)); printf 'PASS  %s\n' "$label"
   else
     fail=$((fail + 1)); printf 'FAIL  %s (rc=%s): %s\n' "$label" "$rc" "$(printf '%s' "$out" | grep -v '^\s*$' | tail -n 3 | tr '\n' ' ' | cut -c1-400)"
