@@ -291,6 +291,15 @@ def test_parameters(server):
     assert error_of(body) == (
         "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
     )
+    # Triton reads an integer outside int64 as a double; null, lists and objects are refused.
+    for value in (2**64 - 1, 2**63, -(2**63) - 1):
+        doc = dict(base, parameters={"big": value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert status == 200, body
+    for value in (None, [1], {"a": 1}):
+        doc = dict(base, parameters={"c": value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert (status, error_of(body)) == (400, "parameter 'c' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
 def test_version_strings_as_triton_reads_them(server):

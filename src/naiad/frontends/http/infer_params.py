@@ -41,11 +41,12 @@ def as_object(value: Any, what: str) -> dict[str, Any]:
 
 
 def custom_parameter(key: str, value: Any) -> Any:
-    """A user parameter must be a string, bool, int64 or double."""
+    """A user parameter must be a string, bool, int64 or double; like Triton, a JSON integer outside int64
+    is read as a double."""
     if isinstance(value, (str, bool, float)):
         return value
-    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:
-        return value
+    if type(value) is int:
+        return value if _INT64_MIN <= value <= _INT64_MAX else float(value)
     raise invalid_arg(f"parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'.")
 
 
