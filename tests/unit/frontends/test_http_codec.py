@@ -139,11 +139,18 @@ def test_reserved_request_parameters(params, field, value):
 
 def test_out_of_range_parameters_refused():
     for params in (b'{"sequence_id": 18446744073709551616}', b'{"sequence_id": -1}', b'{"timeout": true}',
-                   b'{"custom": 9223372036854775808}', b'{"custom": null}', b'{"custom": [1]}'):
+                   b'{"custom": null}', b'{"custom": [1]}'):
         body = b'{"inputs": [], "parameters": ' + params + b"}"
         with pytest.raises(NaiadError) as info:
             decode_infer_request(SERVER, "m", "", body, None)
         assert info.value.code.http_status == 400
+
+
+def test_integer_parameter_outside_int64_is_a_double():
+    body = b'{"inputs": [], "parameters": {"custom": 9223372036854775808, "small": -9223372036854775809}}'
+    request, _ = decode_infer_request(SERVER, "m", "", body, None)
+    assert request.parameters == {"custom": 9223372036854775808.0, "small": -9223372036854775809.0}
+    assert all(type(v) is float for v in request.parameters.values())
 
 
 def test_truncated_and_trailing_binary():
