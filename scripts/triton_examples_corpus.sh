@@ -6,8 +6,9 @@
 #   CLIENT_EXAMPLES_DIR          a checkout of triton-inference-server/client's src/python/examples (r24.10)
 #   PYTHON_BACKEND_EXAMPLES_DIR  a checkout of triton-inference-server/python_backend's examples (r24.10)
 #   IMAGE                        any JPEG/PNG for image_client.py
-#   CONTROL_HTTP/CONTROL_GRPC    host:port of a second server in explicit model-control mode over a repository
-#                                of exactly seven models (the model_control examples count them); omitted: skipped
+#   CONTROL_HTTP/CONTROL_GRPC    host:port of servers in explicit model-control mode whose repository index
+#                                holds 7 (HTTP) and 8 (gRPC) models, as the model_control examples count them
+#                                (triton_examples_corpus.py --client-models-only [--onnx]); omitted: skipped
 # Env: PYTHON (a Python with tritonclient[all] and pillow; default python3), TIMEOUT (seconds per run, default 60).
 # The server must listen on localhost:8000 (HTTP), :8001 (gRPC) and :8002 (metrics): the python_backend
 # example clients have these addresses built in.
