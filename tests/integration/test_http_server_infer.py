@@ -300,6 +300,14 @@ def test_parameters(server):
         doc = dict(base, parameters={"c": value})
         status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
         assert (status, error_of(body)) == (400, "parameter 'c' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    # Wrong types of the request-level keys: Triton's texts (Naiad answers 400 where Triton answers 500).
+    uint, boolean = "non-unsigned-integer as unsigned-integer", "non-boolean as boolean"
+    for key, value, kind in (("sequence_id", -1, "non-string as string"), ("sequence_id", 1.5, "non-string as string"),
+                             ("priority", -1, uint), ("timeout", "5", uint), ("sequence_start", 1, boolean),
+                             ("binary_data_output", 1, boolean)):
+        doc = dict(base, parameters={key: value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert (status, error_of(body)) == (400, f"Unable to parse '{key}': attempt to access JSON {kind}")
 
 
 def test_version_strings_as_triton_reads_them(server):
