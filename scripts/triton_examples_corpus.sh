@@ -28,7 +28,9 @@ run() {  # run LABEL DIR SCRIPT ARGS...: PASS when the script exits 0 and, if it
   if [ "$rc" = 0 ]; then
     pass=$((pass + 1)); printf 'PASS  %s\n' "$label"
   else
-    fail=$((fail + 1)); printf 'FAIL  %s (rc=%s): %s\n' "$label" "$rc" "$(printf '%s' "$out" | grep -v '^\s*$' | tail -n 3 | tr '\n' ' ' | cut -c1-400)"
+    local tail_lines
+    tail_lines=$(printf '%s' "$out" | grep -v '^\s*$' | tail -n 3 | tr '\n' ' ' | cut -c1-400)
+    fail=$((fail + 1)); printf 'FAIL  %s (rc=%s): %s\n' "$label" "$rc" "${tail_lines:-(no output)}"
   fi
 }
 
