@@ -30,6 +30,7 @@ from naiad.observability.tracing import Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, ModelSeries
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
+from naiad.protocol.model_versions import parse_model_version
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 from naiad.scheduling.base import WorkItem
@@ -445,12 +446,13 @@ class Server:
                 for v, model in sorted(record.ready().items()):
                     stats.append(model.stats.as_dict())
             return {"model_stats": stats}
+        number = parse_model_version(version)
         record = self.models.records.get(name)
         ready = record.ready() if record is not None else {}
         if not ready:
             raise invalid_arg(f"requested model '{name}' is not available")
-        if version:
-            model = ready.get(int(version)) if version.isdigit() else None
+        if number is not None:
+            model = ready.get(number)
             if model is None:
                 raise invalid_arg(f"requested model version is not available for model '{name}'")
             return {"model_stats": [model.stats.as_dict()]}
