@@ -110,9 +110,6 @@ def run_perf_analyzer(server: RunningServer, protocol: str, model: str, extra: l
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("mode", list(MODES))
 def test_perf_analyzer_modes(server: RunningServer, protocol: str, mode: str) -> None:
-    if (protocol, mode) == ("http", "shm"):
-        pytest.xfail("HTTP responses echo shared-memory parameters on outputs written to shared memory; "
-                     "perf_analyzer then looks for 'binary_data_size' (Triton returns no parameters there)")
     model, extra = MODES[mode]
     before = success_count(server, model)
     reported = run_perf_analyzer(server, protocol, model, extra)
