@@ -36,6 +36,7 @@ sys.path.insert(0, str(HERE))
 import load  # noqa: E402  (benchmarks/ is not a package)
 import matrix_models  # noqa: E402
 import servers as procs  # noqa: E402
+from batching_bench import model_counts  # noqa: E402
 from matrix_models import MODELS, SERVERS, VARIANTS, served_name  # noqa: E402
 from run_onnx_bench import run_load  # noqa: E402
 from wrk_load import run_wrk  # noqa: E402
@@ -43,6 +44,7 @@ from wrk_load import run_wrk  # noqa: E402
 PROTOCOLS = ("http-json", "http-binary", "grpc")
 UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST"}
 NAMES = {"naiad": "Naiad", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
+WITH_STATISTICS = ("naiad", "triton")  # servers with the statistics extension (formed batch sizes)
 
 
 class Stop(Exception):
@@ -81,6 +83,9 @@ def start_servers(work: Path, matrix: matrix_models.Matrix, args, running: dict[
         except (RuntimeError, OSError) as exc:
             failures[name] = str(exc)[-1000:]
             procs.log(f"{name} did not start: {exc}")
+            continue
+        server = running[name]
+        procs.log(f"{name} ready: pid {server.proc.pid}, http {server.http_port}, grpc {server.grpc_port}")
 
 
 def check_answers(running: dict[str, procs.RunningServer], matrix: matrix_models.Matrix, args) -> dict[str, str]:
@@ -104,6 +109,8 @@ def check_answers(running: dict[str, procs.RunningServer], matrix: matrix_models
 
 def measure(server: procs.RunningServer, model: str, protocol: str, concurrency: int,
             matrix: matrix_models.Matrix, args) -> dict:
+    counts = server.name in WITH_STATISTICS and model.endswith("_batched")
+    before = model_counts(server.http_port, model) if counts else None
     cpu_before = procs.tree_cpu_seconds(server.proc.pid)
     started = time.perf_counter()
     if protocol == "http-json":
@@ -121,7 +128,41 @@ def measure(server: procs.RunningServer, model: str, protocol: str, concurrency:
         cell["server_cpu_us_per_req"] = (procs.tree_cpu_seconds(server.proc.pid) - cpu_before) / (
             rate * (args.duration + args.warmup)) * 1e6
     cell["elapsed_s"] = elapsed
+    if before is not None:  # warm-up included: the batcher's habit, not an exact per-window figure
+        after = model_counts(server.http_port, model)
+        executions = after[1] - before[1]
+        cell["formed_batch"] = (after[0] - before[0]) / executions if executions else 0.0
     return cell
+
+
+def generator_ceiling(work: Path, args) -> dict:
+    """The load generators against trivial_server.py (canned answers) on the server core: their own ceiling."""
+    out_path = work / "trivial.stdout"
+    proc = procs.spawn([sys.executable, str(HERE / "trivial_server.py"), "--lifetime", "900"], args.server_core,
+                       out_path, work)
+    server = procs.RunningServer("trivial", proc, 0, 0, out_path)
+
+    def ready():
+        for line in out_path.read_text(errors="replace").splitlines():
+            if line.startswith("TRIVIAL_READY "):
+                return json.loads(line.split(" ", 1)[1])
+        return None
+
+    results = {}
+    try:
+        ports = procs.wait_until(ready, "trivial server", proc, out_path, 30)
+        for protocol in args.protocols:
+            for c in sorted({min(args.concurrency), max(args.concurrency)}):
+                if protocol == "http-json":
+                    cell = run_wrk(ports["http_port"], "add_sub", c, args.duration, args.warmup, args.client_core)
+                else:  # canned add_sub answers: nothing to verify; gRPC against h2grpc's cheap responder
+                    port = ports["h2_grpc_port"] if protocol == "grpc" else ports["http_port"]
+                    cell = run_load(args.client_core, port, protocol, "add_sub", c, args, None, verify=False)
+                results[f"{protocol}|{c}"] = cell
+                procs.log(f"generator ceiling {protocol:11s} c={c:<3d} {_short(cell)}")
+    finally:
+        server.stop()
+    return results
 
 
 def _short(cell: dict | None) -> str:
@@ -205,11 +246,16 @@ def tables(report: dict, how: str) -> str:
     if total:
         out += ["", f"Naiad/Triton >= 1.00 in {wins} of {total} cells."]
     cpu = [(k, pick(v, how)) for k, v in report["cells"].items()]
-    cpu_lines = [f"| {k.replace('|', ' | ')} | {c['server_cpu_us_per_req']:.0f} |"
+    cpu_lines = [f"| {k.replace('|', ' | ')} | {c['server_cpu_us_per_req']:.0f} | "
+                 + (f"{c['formed_batch']:.1f} |" if "formed_batch" in c else "|")
                  for k, c in cpu if c and c.get("server_cpu_us_per_req")]
     if cpu_lines:
-        out += ["", "Server process tree CPU per request (us):", "",
-                "| server | model | variant | protocol | c | CPU us/request |", "|---|---|---|---|---|---|"] + cpu_lines
+        out += ["", "Server process tree CPU per request (us), and the mean batch the scheduler formed:", "",
+                "| server | model | variant | protocol | c | CPU us/request | mean batch |",
+                "|---|---|---|---|---|---|---|"] + cpu_lines
+    if report.get("generator_ceiling"):
+        out += ["", "Load generators against trivial_server.py on the server core (their own ceiling):"]
+        out += [f"- {k.replace('|', ' c=')}: {_short(v)}" for k, v in report["generator_ceiling"].items()]
     if report.get("start_failures"):
         out += ["", "Servers that did not start:"] + [f"- {k}: {v}" for k, v in report["start_failures"].items()]
     if report.get("check_failures"):
@@ -245,6 +291,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output", type=Path, help="raw JSON (default benchmarks/results/<UTC time>-matrix.json)")
     parser.add_argument("--report", type=Path, metavar="JSON", help="print the tables of an earlier --output and exit")
     parser.add_argument("--keep-workdir", action="store_true", help="keep repositories and server logs")
+    parser.add_argument("--skip-generator-ceiling", action="store_true",
+                        help="do not first measure wrk and load.py against trivial_server.py")
     parser.add_argument("--check-only", action="store_true",
                         help="start the servers, check one answer per server, model and protocol, and stop (no timing)")
     args = parser.parse_args(argv)
@@ -278,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     running: dict[str, procs.RunningServer] = {}
     try:
         procs.log(report["machine"])
+        if not (args.check_only or args.skip_generator_ceiling):
+            report["generator_ceiling"] = generator_ceiling(work, args)
         matrix = matrix_models.build(work, args.models, args.variants)
         start_servers(work, matrix, args, running, report["start_failures"])
         report["started"] = list(running)
