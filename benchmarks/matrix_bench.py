@@ -47,8 +47,8 @@ NAMES = {"naiad": "Naiad", "triton": "Triton", "mlserver": "MLServer", "kserve":
 WITH_STATISTICS = ("naiad", "triton")  # servers with the statistics extension (formed batch sizes)
 
 
-class Stop(Exception):
-    """SIGTERM or SIGHUP: unwind like Ctrl-C so every server is stopped."""
+class Stop(BaseException):
+    """SIGTERM or SIGHUP: unwind like Ctrl-C (past `except Exception`) so every server is stopped."""
 
 
 def _raise_stop(signum: int, _frame) -> None:
@@ -330,7 +330,6 @@ def main(argv: list[str] | None = None) -> int:
             report["generator_ceiling"] = generator_ceiling(work, args)
         matrix = matrix_models.build(work, args.models, args.variants)
         start_servers(work, matrix, args, running, report["start_failures"])
-        report["started"] = list(running)
         report["check_failures"] = check_answers(running, matrix, args)
         if args.check_only:
             checked = sum(len(matrix.names(n)) * len([p for p in args.protocols if (n, p) not in UNSUPPORTED])
@@ -345,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not leave servers behind
+        report["started"] = list(running)
         for server in running.values():
             server.stop()
         if output:
