@@ -25,6 +25,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +58,13 @@ def _raise_stop(signum: int, _frame) -> None:
 
 # ---------------------------------------------------------------- servers
 
+def _lacks(venv: Path | None, module: str) -> bool:
+    """True when `venv` exists and cannot import `module` (start_triton.sh makes a missing venv)."""
+    python = venv / "bin" / "python" if venv else None
+    return bool(python and python.exists()
+                and subprocess.run([str(python), "-c", f"import {module}"], capture_output=True).returncode != 0)
+
+
 def start_servers(work: Path, matrix: matrix_models.Matrix, args, running: dict[str, procs.RunningServer],
                   failures: dict[str, str]) -> None:
     """Start each selected server that serves a selected model into `running` (failures: name -> why)."""
@@ -67,6 +75,10 @@ def start_servers(work: Path, matrix: matrix_models.Matrix, args, running: dict[
             continue
         if name in ("mlserver", "kserve") and not (args.venvs / name / "bin" / "python").exists():
             failures[name] = f"no venv under {args.venvs} (benchmarks/setup_peers.sh)"
+            procs.log(f"{name}: {failures[name]}, skipped")
+            continue
+        if name == "triton" and "xgboost" in args.models and _lacks(args.triton_venv, "xgboost"):
+            failures[name] = f"xgboost is not importable in {args.triton_venv} (pip install xgboost-cpu==3.2.0 there)"
             procs.log(f"{name}: {failures[name]}, skipped")
             continue
         procs.log(f"starting {name} ({', '.join(models)})")
