@@ -132,7 +132,8 @@ def measure(server: procs.RunningServer, model: str, protocol: str, concurrency:
             cell = {"error": str(exc)[:300]}
     else:
         port = server.grpc_port if protocol == "grpc" else server.http_port
-        cell = run_load(args.client_core, port, protocol, model, concurrency, args, matrix.onnx_reference.get(model))
+        cell = run_load(args.client_core, port, protocol, model, concurrency, args, matrix.onnx_reference.get(model),
+                        grpc_client=args.grpc_client)
         cell["client"] = "load.py"
     elapsed = time.perf_counter() - started
     rate = cell.get("infer_per_sec") or 0.0
@@ -299,6 +300,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="root of the peer venvs made by setup_peers.sh (default: $NAIAD_BENCH_VENVS)")
     parser.add_argument("--triton-venv", type=Path, default=os.environ.get("TRITON_VENV"),
                         help="venv of start_triton.sh (default: $TRITON_VENV, else start_triton.sh's default)")
+    parser.add_argument("--grpc-client", choices=("raw", "grpcio"), default="raw",
+                        help="load.py's gRPC client: raw HTTP/2 framing (default, cheapest) or grpc.aio")
     parser.add_argument("--grpc-impl", choices=("naiad", "grpcio"), default="naiad", help="Naiad's gRPC server")
     parser.add_argument("--output", type=Path, help="raw JSON (default benchmarks/results/<UTC time>-matrix.json)")
     parser.add_argument("--report", type=Path, metavar="JSON", help="print the tables of an earlier --output and exit")
@@ -327,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     when = datetime.datetime.now(datetime.timezone.utc)
     output = args.output or (None if args.check_only else HERE / "results" / f"{when:%Y-%m-%d-%H%M}-matrix.json")
     config = {k: getattr(args, k) for k in ("servers", "models", "variants", "protocols", "concurrency", "rounds",
-                                             "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl")}
+                                             "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl",
+                                             "grpc_client")}
     report: dict = {"when": when.isoformat(timespec="seconds"), "machine": procs.machine_line(),
                     "command": " ".join(["benchmarks/matrix_bench.py", *sys.argv[1:]]), "config": config,
                     "cells": {}, "start_failures": {}, "check_failures": {}, "complete": False}
