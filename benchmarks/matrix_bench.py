@@ -119,10 +119,18 @@ def check_answers(running: dict[str, procs.RunningServer], matrix: matrix_models
 
 # ---------------------------------------------------------------- one cell
 
+def _counts(server: procs.RunningServer, model: str) -> tuple[int, int, dict[int, int]] | None:
+    try:
+        return model_counts(server.http_port, model)
+    except OSError as exc:  # a server that stopped answering: its cells report the errors
+        procs.log(f"{server.name}: no statistics for {model}: {exc}")
+        return None
+
+
 def measure(server: procs.RunningServer, model: str, protocol: str, concurrency: int,
             matrix: matrix_models.Matrix, args) -> dict:
     counts = server.name in WITH_STATISTICS and model.endswith("_batched")
-    before = model_counts(server.http_port, model) if counts else None
+    before = _counts(server, model) if counts else None
     cpu_before = procs.tree_cpu_seconds(server.proc.pid)
     started = time.perf_counter()
     if protocol == "http-json":
@@ -141,8 +149,8 @@ def measure(server: procs.RunningServer, model: str, protocol: str, concurrency:
         cell["server_cpu_us_per_req"] = (procs.tree_cpu_seconds(server.proc.pid) - cpu_before) / (
             rate * (args.duration + args.warmup)) * 1e6
     cell["elapsed_s"] = elapsed
-    if before is not None:  # warm-up included: the batcher's habit, not an exact per-window figure
-        after = model_counts(server.http_port, model)
+    after = _counts(server, model) if before is not None else None
+    if before is not None and after is not None:  # warm-up included: the batcher's habit, not a per-window figure
         executions = after[1] - before[1]
         cell["formed_batch"] = (after[0] - before[0]) / executions if executions else 0.0
     return cell
