@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from naiad.tools.errors import ToolError
 
-class ServerError(RuntimeError):
+
+class ServerError(ToolError):
     """The server answered with an error (message as the server wrote it)."""
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
+from naiad.tools.errors import ToolError
 from naiad.tools.analyze.report import AnalysisReport, rank_results, summary_lines, write_csv, write_html
 from naiad.tools.analyze.search import (
     ConfigPoint,
@@ -50,7 +51,7 @@ from naiad.tools.v2client import HttpControl
 GAIN_TO_CONTINUE = 1.05  # a concurrency step must add 5% throughput (twice in a row) to keep climbing
 
 
-class AnalyzeError(RuntimeError):
+class AnalyzeError(ToolError):
     """The analysis cannot run (message is for the user)."""
 
 

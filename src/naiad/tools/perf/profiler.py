@@ -10,6 +10,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from naiad.tools.errors import ToolError
 from naiad.tools.perf.inputs import InputData, build_input_data, output_byte_size, parse_shapes
 from naiad.tools.perf.load_manager import LoadError, LoadManager
 from naiad.tools.perf.measurement import END, WindowStats, empty_records, is_stable, merge_windows, summarize_window
@@ -29,7 +30,7 @@ WARMUP_LIMIT_S = 120.0
 DRAIN_S = 30.0
 
 
-class PerfError(RuntimeError):
+class PerfError(ToolError):
     """The run cannot go on (bad options, server error); the message is for the user."""
 
 
