@@ -127,3 +127,20 @@ def test_unreachable_server_fails_cleanly(tmp_path):
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.splitlines()[-1].startswith("naiad genai-perf: error: all 2 requests failed")
     assert "cannot connect to 127.0.0.1:9" in done.stderr
+
+
+def test_bad_inputs_are_one_error_line(tmp_path):
+    bad_json = tmp_path / "prompts.jsonl"
+    bad_json.write_text('{"text": "fine"}\nnot json\n')
+    cases = [
+        (["--tokenizer", str(tmp_path / "absent")], "--tokenizer " + str(tmp_path / "absent") + ": no such directory"),
+        (["--input-file", str(tmp_path / "absent.jsonl")], "No such file or directory"),
+        (["--input-file", str(bad_json)], "prompts.jsonl:2: not a JSON object"),
+    ]
+    for args, message in cases:
+        done = subprocess.run([sys.executable, "-m", "naiad", "genai-perf", "-m", "x", "-u", "127.0.0.1:9", *args,
+                               "--request-count", "1", "--artifact-dir", str(tmp_path / "art")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and errors[0].startswith("naiad genai-perf: error: ") and message in errors[0], errors

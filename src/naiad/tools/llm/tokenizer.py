@@ -82,8 +82,11 @@ def load_tokenizer(name: str) -> tuple[Tokenizer, str]:
             return ApproximateTokenizer(), (f"the default tokenizer {DEFAULT_TOKENIZER} is not in the local Hugging "
                                             "Face cache: tokens are approximated as words and punctuation marks "
                                             "(pass --tokenizer with the served model's tokenizer for exact counts)")
+    local = Path(name).expanduser()
+    if name.startswith(("/", ".", "~")) and not local.is_dir():
+        raise ValueError(f"--tokenizer {name}: no such directory")
     try:
-        return HuggingFaceTokenizer(name, _load(name, local_only=Path(name).is_dir())), ""
+        return HuggingFaceTokenizer(name, _load(str(local) if local.is_dir() else name, local.is_dir())), ""
     except Exception as exc:  # noqa: BLE001 - transformers raises many types here
         reason = " ".join(str(exc).split())[:300]
         raise ValueError(f"--tokenizer {name}: cannot load a tokenizer ({reason})") from None
