@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from naiad.tools.errors import ToolError
 from naiad.tools.analyze.remote import RemoteServer, restore, served_config
 from naiad.tools.analyze.report import (
     AnalysisReport,
@@ -51,6 +50,7 @@ from naiad.tools.analyze.variants import (
     write_ensemble_variant,
     write_variant,
 )
+from naiad.tools.errors import ToolError
 from naiad.tools.perf import PerfError, PerfOptions
 from naiad.tools.perf.profiler import Profiler
 from naiad.tools.perf.report import LevelResult
