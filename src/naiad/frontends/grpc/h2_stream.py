@@ -14,7 +14,8 @@ class Stream:
 
     __slots__ = ("sid", "send_window", "recv_window", "recv_unacked", "last_rx", "recv_closed", "finished",
                  "headers_sent", "sent_end", "buf", "message", "encoding", "handler", "ctx", "task", "requests",
-                 "awaited", "pending", "pending_bytes", "trailers", "drain", "deadline_handle", "counted")
+                 "awaited", "pending", "pending_bytes", "trailers", "drain", "deadline_handle", "counted",
+                 "held")
 
     def __init__(self, sid: int, send_window: int, recv_window: int, now: float) -> None:
         self.sid = sid
@@ -40,3 +41,4 @@ class Stream:
         self.drain: asyncio.Future[None] | None = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.counted = False          # holds one of the server's --grpc-max-concurrent-rpcs slots
+        self.held = 0                 # request bytes the connection holds for this call (not yet taken)

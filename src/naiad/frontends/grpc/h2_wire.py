@@ -9,6 +9,7 @@ decoding them again gives the same headers as long as the table has not changed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 import zlib
@@ -273,14 +274,72 @@ _TRANSPORT_HEADERS = frozenset(
 # ------------------------------------------------------------------ connection helpers
 
 
-def decompress(encoding: str, message: bytes) -> bytes:
-    if not encoding:
-        raise ValueError("Compressed message received without a grpc-encoding header")
-    inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
-    out = inflater.decompress(message, MAX_MESSAGE_LENGTH)
-    if inflater.unconsumed_tail:
-        raise ValueError("Decompressed message larger than the maximum message size")
-    return out
+class Compressed:
+    """A request message with the gRPC compressed flag, inflated when its handler takes it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class MessageTooLarge(ValueError):
+    """A message (or what it inflates to) is larger than the server accepts: RESOURCE_EXHAUSTED."""
+
+
+INFLATE_CHUNK = 1 << 20
+INFLATE_ON_LOOP = 256 << 10  # output inflated on the event loop; the rest of a larger message in a thread
+
+
+class Inflation:
+    """Incremental decompression of one message that stops as soon as the output passes `limit`."""
+
+    __slots__ = ("_z", "_tail", "_parts", "_size", "_limit", "_done")
+
+    def __init__(self, encoding: str, data: bytes, limit: int) -> None:
+        if not encoding:
+            raise ValueError("Compressed message received without a grpc-encoding header")
+        self._z = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        self._tail = data
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._limit = limit
+        self._done = False
+
+    def run(self, budget: int) -> bool:
+        """Inflate up to `budget` more bytes; True once the whole message is inflated."""
+        z, produced = self._z, 0
+        while not self._done and produced < budget:
+            step = min(INFLATE_CHUNK, budget - produced, self._limit - self._size + 1)
+            out = z.decompress(self._tail, step)
+            self._tail = z.unconsumed_tail
+            self._size += len(out)
+            produced += len(out)
+            if self._size > self._limit:
+                raise MessageTooLarge(f"Received message larger than max (inflated past {self._limit} bytes)")
+            if out:
+                self._parts.append(out)
+            self._done = z.eof or (len(out) < step and not self._tail)
+        return self._done
+
+    def result(self) -> bytes:
+        if not self._z.eof:
+            raise ValueError("Compressed message is truncated")
+        parts, self._parts = self._parts, []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+async def inflate(encoding: str, data: bytes, limit: int) -> bytes:
+    """The message inflated, never past `limit` bytes; large ones off the event loop.
+
+    Raises MessageTooLarge, ValueError or zlib.error."""
+    job = Inflation(encoding, data, limit)
+    if not job.run(INFLATE_ON_LOOP):
+        await asyncio.to_thread(job.run, limit + 1)
+    return job.result()
 
 
 def peer_name(peername: Any) -> str:
