@@ -89,6 +89,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._reset_order: collections.deque[int] = collections.deque()
         self._reset_sids: set[int] = set()
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
+        self._largest: Stream | None = None  # past HELD_BYTES_LIMIT, only this stream's bytes reopen the window
+        self._exempt = 0                 # bytes received for it since
         self._ready: list[Stream] = []   # unary calls whose request is complete, started after the frame batch
         self._sent_data = False          # DATA written since the client's last WINDOW_UPDATE
         self._yielded = False            # frames left for a later event-loop turn (fairness)
@@ -432,6 +434,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         stream.last_rx = self._last_rx
         if payload and not stream.finished:
             self._take_messages(stream, payload)
+            if self._held > lim.HELD_BYTES_LIMIT and stream is self._favoured():
+                self._exempt += size
         if flags & w.END_STREAM:
             self._end_of_requests(stream)
         else:
@@ -455,29 +459,27 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
     def _credit_connection(self) -> None:
         """Reopen the connection's receive window while the bytes held for calls stay under the limit;
-        past it, only as far as the stream holding the most needs to complete its message."""
-        unacked = self._recv_unacked
+        past it, only for what arrived for the stream holding the most (so its message completes)."""
         if self._held <= lim.HELD_BYTES_LIMIT:
-            if unacked < RECV_CONN_WINDOW // 2:
+            grant = self._recv_unacked
+            if grant < RECV_CONN_WINDOW // 2:
                 return
-            grant = unacked
+            self._exempt = 0
         else:
-            if unacked < RECV_CONN_WINDOW // 4:
-                return  # the client still has most of the window: nothing to decide yet
-            grant = min(unacked, self._largest_needs() - self._recv_window)
-            if grant <= 0:
-                return
+            grant = min(self._exempt, self._recv_unacked)
+            if grant <= 0 or (grant < RECV_STREAM_WINDOW // 2 and self._recv_window >= RECV_STREAM_WINDOW // 2):
+                return  # small grants only once the client is nearly out of window
+            self._exempt -= grant
         self._write(w.window_update(0, grant))
         self._recv_window += grant
         self._recv_unacked -= grant
 
-    def _largest_needs(self) -> int:
-        """Bytes still missing from the partial message of the stream holding the most."""
-        largest = max(self.streams.values(), key=_held_of, default=None)
-        buf = largest.buf if largest is not None else None
-        if buf is None or len(buf) < 5:
-            return 0
-        return 5 + int.from_bytes(buf[1:5], "big") - len(buf)
+    def _favoured(self) -> Stream | None:
+        """The stream holding the most request bytes (kept until it holds none)."""
+        favoured = self._largest
+        if favoured is None or not favoured.held or self.streams.get(favoured.sid) is not favoured:
+            favoured = self._largest = max(self.streams.values(), key=_held_of, default=None)
+        return favoured
 
     def _hold(self, stream: Stream, size: int) -> None:
         stream.held += size
