@@ -91,6 +91,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
         self._largest: Stream | None = None  # past HELD_BYTES_LIMIT, only this stream's bytes reopen the window
         self._exempt = 0                 # bytes received for it since
+        self.inflate_gates = (asyncio.Semaphore(1), server.inflating)  # large inflations: one per connection
         self._ready: list[Stream] = []   # unary calls whose request is complete, started after the frame batch
         self._sent_data = False          # DATA written since the client's last WINDOW_UPDATE
         self._yielded = False            # frames left for a later event-loop turn (fairness)
@@ -590,7 +591,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     async def _inflate_streamed(self, stream: Stream, data: bytes) -> bytes:
         """A compressed message of a streaming call, inflated; a bomb ends the call RESOURCE_EXHAUSTED."""
         try:
-            return await w.inflate(stream.encoding, data, self.server.max_inflated)
+            return await w.inflate(stream.encoding, data, self.server.max_inflated, self.inflate_gates)
         except w.MessageTooLarge as exc:
             code, text = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
         except (ValueError, zlib.error) as exc:

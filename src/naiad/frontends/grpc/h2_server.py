@@ -27,6 +27,7 @@ from naiad.frontends.grpc.h2_stream import Stream
 logger = logging.getLogger(__name__)
 
 MAX_DECOMPRESSED = 1 << 26  # what a compressed request message may inflate to (by default)
+INFLATE_THREADS = 2  # large compressed messages inflated at once, server-wide (one per connection)
 REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long (by default)
 WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes wait for window
 
@@ -54,6 +55,7 @@ class H2GrpcServer:
         self.request_timeout = request_timeout
         self.max_message_size = max_message_size
         self.max_inflated = min(max_decompressed_size, max_message_size)
+        self.inflating = asyncio.Semaphore(INFLATE_THREADS)
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
@@ -124,7 +126,7 @@ class H2GrpcServer:
 
     async def _inflated_call(self, conn: H2Connection, stream: Stream, message: w.Compressed) -> None:
         try:
-            raw = await w.inflate(stream.encoding, message.data, self.max_inflated)
+            raw = await w.inflate(stream.encoding, message.data, self.max_inflated, conn.inflate_gates)
         except w.MessageTooLarge as exc:
             conn.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import struct
 import zlib
 from typing import Any
@@ -291,7 +292,7 @@ class MessageTooLarge(ValueError):
 
 
 INFLATE_CHUNK = 1 << 20
-INFLATE_ON_LOOP = 256 << 10  # output inflated on the event loop; the rest of a larger message in a thread
+INFLATE_ON_LOOP = 64 << 10  # output inflated on the event loop; the rest of a larger message in a thread
 
 
 class Inflation:
@@ -332,13 +333,17 @@ class Inflation:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-async def inflate(encoding: str, data: bytes, limit: int) -> bytes:
-    """The message inflated, never past `limit` bytes; large ones off the event loop.
+async def inflate(encoding: str, data: bytes, limit: int, gates: tuple[asyncio.Semaphore, ...] = ()) -> bytes:
+    """The message inflated, never past `limit` bytes; large ones off the event loop, in a thread once
+    every one of `gates` is acquired (so the memory inflating takes is bounded too).
 
     Raises MessageTooLarge, ValueError or zlib.error."""
     job = Inflation(encoding, data, limit)
     if not job.run(INFLATE_ON_LOOP):
-        await asyncio.to_thread(job.run, limit + 1)
+        async with contextlib.AsyncExitStack() as held:
+            for gate in gates:
+                await held.enter_async_context(gate)
+            await asyncio.to_thread(job.run, limit + 1)
     return job.result()
 
 
