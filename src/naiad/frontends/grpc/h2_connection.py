@@ -441,7 +441,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._end_of_requests(stream)
         else:
             self._credit(stream)
-        self._credit_connection()
+        if self._recv_unacked >= RECV_CONN_WINDOW // 2 or self._held > lim.HELD_BYTES_LIMIT:
+            self._credit_connection()
 
     def _credit(self, stream: Stream) -> None:
         """Reopen a stream's receive window: while its unary request is incomplete, or while the handler
@@ -481,10 +482,6 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if favoured is None or not favoured.held or self.streams.get(favoured.sid) is not favoured:
             favoured = self._largest = max(self.streams.values(), key=_held_of, default=None)
         return favoured
-
-    def _hold(self, stream: Stream, size: int) -> None:
-        stream.held += size
-        self._held += size
 
     def _taken(self, stream: Stream, size: int) -> None:
         """`size` request bytes of the stream left the connection's care (taken by the call, or dropped)."""
@@ -546,7 +543,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self.finish(stream, grpc.StatusCode.INTERNAL, "Missing request message")
 
     def _take_messages(self, stream: Stream, payload: bytes) -> None:
-        self._hold(stream, len(payload))
+        stream.held += len(payload)
+        self._held += len(payload)
         limit = self.server.max_message_size
         buf = stream.buf
         if buf is None:
@@ -619,12 +617,15 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         """Start the unary calls completed by the last frame batch, except those already reset: a request
         opened and reset in the same batch never reaches the core."""
         ready, self._ready = self._ready, []
+        start = self.server.start_unary
         for stream in ready:
             if stream.finished:
                 continue
             message, stream.message = stream.message, None
-            self._taken(stream, stream.held)
-            self.server.start_unary(self, stream, message)
+            self._held -= stream.held  # the request is the call's now
+            stream.held = 0
+            start(self, stream, message)
+        self._credit_connection()
 
     def handler_done(self, _: object = None) -> None:
         self.handlers -= 1

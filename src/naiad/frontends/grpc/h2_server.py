@@ -117,7 +117,7 @@ class H2GrpcServer:
         if awaited is not None:
             stream.awaited = awaited
         elif stream.task is None:
-            conn.handler_done()
+            conn.handlers -= 1  # it finished in its first step
 
     def _resume(self, conn: H2Connection, stream: Stream, coro: Any, context: contextvars.Context) -> None:
         stream.awaited = None
