@@ -138,13 +138,25 @@ def window_overrun(a: Attacker) -> bytes:
 _BOMB: list[bytes] = []
 
 
-def gzip_bomb(a: Attacker) -> bytes:
+def _bomb() -> bytes:
     """A 256 KiB gzip message that inflates to 256 MiB (past the 64 MiB default of --grpc-max-decompressed-size)."""
     if not _BOMB:
         z = zlib.compressobj(9, zlib.DEFLATED, 31)
         zeros = bytes(1 << 20)
         _BOMB.append(b"".join(z.compress(zeros) for _ in range(256)) + z.flush())
-    bomb = _BOMB[0]
+    return _BOMB[0]
+
+
+def gzip_bomb(a: Attacker) -> bytes:
+    return _compressed_call(a, _bomb())
+
+
+def gzip_bomb_lying_trailer(a: Attacker) -> bytes:
+    """The same bomb whose gzip trailer claims 1000 bytes: only inflating it shows its size."""
+    return _compressed_call(a, _bomb()[:-4] + (1000).to_bytes(4, "little"))
+
+
+def _compressed_call(a: Attacker, bomb: bytes) -> bytes:
     out = a.headers(INFER, extra=(("grpc-encoding", "gzip"),))
     out += w.frame(w.DATA, 0, a.sid, b"\x01" + len(bomb).to_bytes(4, "big"))
     for i in range(0, len(bomb), w.DEFAULT_FRAME_SIZE):
@@ -166,6 +178,7 @@ ATTACKS: dict[str, Callable[[Attacker], bytes]] = {
     "unread_responses": unread_responses,
     "window_overrun": window_overrun,
     "gzip_bomb": gzip_bomb,
+    "gzip_bomb_lying_trailer": gzip_bomb_lying_trailer,
 }
 
 

@@ -128,7 +128,7 @@ class RequestStream:
     __slots__ = ("_items", "_waiter", "_deserialize", "_on_consumed", "_inflate", "_error")
 
     def __init__(self, deserialize: Callable[[bytes], Any], on_consumed: Callable[[int], None],
-                 inflate: Callable[[bytes], Awaitable[bytes]]) -> None:
+                 inflate: Callable[[bytes], Awaitable[bytes | bytearray | memoryview]]) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._deserialize = deserialize

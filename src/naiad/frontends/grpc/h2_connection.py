@@ -91,7 +91,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
         self._largest: Stream | None = None  # past HELD_BYTES_LIMIT, only this stream's bytes reopen the window
         self._exempt = 0                 # bytes received for it since
-        self.inflate_gates = (asyncio.Semaphore(1), server.inflating)  # large inflations: one per connection
+        self.inflations = 0              # compressed messages waiting for or in inflation
+        self._inflate_gate = asyncio.Semaphore(1)  # large inflations: one at a time per connection
         self._ready: list[Stream] = []   # unary calls whose request is complete, started after the frame batch
         self._sent_data = False          # DATA written since the client's last WINDOW_UPDATE
         self._yielded = False            # frames left for a later event-loop turn (fairness)
@@ -586,16 +587,30 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         else:
             stream.message = message
 
-    async def _inflate_streamed(self, stream: Stream, data: bytes) -> bytes:
-        """A compressed message of a streaming call, inflated; a bomb ends the call RESOURCE_EXHAUSTED."""
+    async def inflate(self, stream: Stream, data: bytes) -> bytearray | memoryview | None:
+        """A compressed request message inflated, or None once the call was ended: RESOURCE_EXHAUSTED for
+        a bomb (or too many inflations at once on this connection), INTERNAL for corrupt data."""
+        if self.inflations >= lim.INFLATIONS_PER_CONNECTION:
+            self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "Too many compressed messages being decompressed on this connection")
+            return None
+        self.inflations += 1
         try:
-            return await w.inflate(stream.encoding, data, self.server.max_inflated, self.inflate_gates)
+            return await w.inflate(stream.encoding, data, self.server.max_inflated, self.server.inflater,
+                                   self._inflate_gate)
         except w.MessageTooLarge as exc:
-            code, text = grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
+            self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except (ValueError, zlib.error) as exc:
-            code, text = grpc.StatusCode.INTERNAL, str(exc)
-        self.finish(stream, code, text)
-        raise asyncio.CancelledError()
+            self.finish(stream, grpc.StatusCode.INTERNAL, str(exc))
+        finally:
+            self.inflations -= 1
+        return None
+
+    async def _inflate_streamed(self, stream: Stream, data: bytes) -> bytearray | memoryview:
+        raw = await self.inflate(stream, data)
+        if raw is None:
+            raise asyncio.CancelledError()  # the call has its status; its handler ends here
+        return raw
 
     def _end_of_requests(self, stream: Stream) -> None:
         stream.recv_closed = True

@@ -28,6 +28,11 @@ BYTES_PER_TURN = 1 << 20
 # the most (so a single message larger than this still arrives).
 HELD_BYTES_LIMIT = 32 << 20
 
+# Compressed messages a connection may have waiting for or in inflation; past it the call fails
+# RESOURCE_EXHAUSTED at once. Large inflations run one per connection (and INFLATE_THREADS server-wide).
+INFLATIONS_PER_CONNECTION = 4
+INFLATE_THREADS = 2
+
 # Stream ids this connection reset itself are remembered (the most recent ones), so that frames the
 # client sent before it saw the reset are ignored rather than treated as a protocol error.
 RECENT_RESETS = 4096

@@ -12,13 +12,14 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import concurrent.futures
 import ssl
-import zlib
 from typing import Any, Iterable
 
 import grpc
 
 from naiad.frontends.first_step import run_first_step
+from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
@@ -27,7 +28,6 @@ from naiad.frontends.grpc.h2_stream import Stream
 logger = logging.getLogger(__name__)
 
 MAX_DECOMPRESSED = 1 << 26  # what a compressed request message may inflate to (by default)
-INFLATE_THREADS = 2  # large compressed messages inflated at once, server-wide (one per connection)
 REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long (by default)
 WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes wait for window
 
@@ -55,7 +55,7 @@ class H2GrpcServer:
         self.request_timeout = request_timeout
         self.max_message_size = max_message_size
         self.max_inflated = min(max_decompressed_size, max_message_size)
-        self.inflating = asyncio.Semaphore(INFLATE_THREADS)
+        self.inflater = concurrent.futures.ThreadPoolExecutor(lim.INFLATE_THREADS, thread_name_prefix="grpc-inflate")
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
@@ -125,13 +125,8 @@ class H2GrpcServer:
         stream.task.add_done_callback(conn.handler_done)
 
     async def _inflated_call(self, conn: H2Connection, stream: Stream, message: w.Compressed) -> None:
-        try:
-            raw = await w.inflate(stream.encoding, message.data, self.max_inflated, conn.inflate_gates)
-        except w.MessageTooLarge as exc:
-            conn.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-            return
-        except (ValueError, zlib.error) as exc:
-            conn.finish(stream, _INTERNAL, str(exc))
+        raw = await conn.inflate(stream, message.data)
+        if raw is None:
             return
         deserialize = stream.handler.request_deserializer
         try:
@@ -201,6 +196,7 @@ class H2GrpcServer:
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
+        self.inflater.shutdown(wait=False, cancel_futures=True)
         await asyncio.sleep(0)
 
 

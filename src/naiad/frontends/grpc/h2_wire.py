@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
+import concurrent.futures
+import mmap
 import struct
 import zlib
 from typing import Any
@@ -296,54 +297,90 @@ INFLATE_ON_LOOP = 64 << 10  # output inflated on the event loop; the rest of a l
 
 
 class Inflation:
-    """Incremental decompression of one message that stops as soon as the output passes `limit`."""
+    """Incremental decompression of one message that stops as soon as the output passes `limit`.
 
-    __slots__ = ("_z", "_tail", "_parts", "_size", "_limit", "_done")
+    Small output grows in a bytearray; `spill()` moves it to an anonymous memory mapping before a
+    large inflation, so that its memory goes back to the system when it is freed (a bomb leaves
+    nothing behind in the allocator's arenas)."""
+
+    __slots__ = ("_z", "_tail", "_out", "_size", "_limit", "_done")
 
     def __init__(self, encoding: str, data: bytes, limit: int) -> None:
-        if not encoding:
-            raise ValueError("Compressed message received without a grpc-encoding header")
         self._z = zlib.decompressobj(31 if encoding == "gzip" else 15)
         self._tail = data
-        self._parts: list[bytes] = []
+        self._out: bytearray | mmap.mmap | None = bytearray()
         self._size = 0
         self._limit = limit
         self._done = False
 
+    def spill(self) -> None:
+        mapping = mmap.mmap(-1, self._limit + 1)
+        mapping[:self._size] = self._out
+        self._out = mapping
+
     def run(self, budget: int) -> bool:
         """Inflate up to `budget` more bytes; True once the whole message is inflated."""
-        z, produced = self._z, 0
+        z, out, produced = self._z, self._out, 0
         while not self._done and produced < budget:
             step = min(INFLATE_CHUNK, budget - produced, self._limit - self._size + 1)
-            out = z.decompress(self._tail, step)
+            chunk = z.decompress(self._tail, step)
             self._tail = z.unconsumed_tail
-            self._size += len(out)
-            produced += len(out)
-            if self._size > self._limit:
+            produced += len(chunk)
+            end = self._size + len(chunk)
+            if end > self._limit:
+                out = chunk = None
+                self.close()
                 raise MessageTooLarge(f"Received message larger than max (inflated past {self._limit} bytes)")
-            if out:
-                self._parts.append(out)
-            self._done = z.eof or (len(out) < step and not self._tail)
+            out[self._size:end] = chunk  # type: ignore[index]
+            self._size = end
+            self._done = z.eof or (len(chunk) < step and not self._tail)
         return self._done
 
-    def result(self) -> bytes:
+    def result(self) -> bytearray | memoryview:
         if not self._z.eof:
+            self.close()
             raise ValueError("Compressed message is truncated")
-        parts, self._parts = self._parts, []
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        out = self._out
+        return memoryview(out)[:self._size] if isinstance(out, mmap.mmap) else out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Free the output now (it is otherwise reachable from tracebacks until the garbage collector runs)."""
+        out, self._out, self._tail = self._out, None, b""
+        if isinstance(out, mmap.mmap):
+            out.close()
 
 
-async def inflate(encoding: str, data: bytes, limit: int, gates: tuple[asyncio.Semaphore, ...] = ()) -> bytes:
-    """The message inflated, never past `limit` bytes; large ones off the event loop, in a thread once
-    every one of `gates` is acquired (so the memory inflating takes is bounded too).
+async def inflate(encoding: str, data: bytes, limit: int, executor: concurrent.futures.Executor,
+                  gate: asyncio.Semaphore) -> bytearray | memoryview:
+    """The message inflated, never past `limit` bytes; what is left after INFLATE_ON_LOOP bytes is
+    inflated by `executor` while `gate` is held: until the work ends, even if the caller is cancelled
+    first (so the memory inflating takes is bounded by the gate).
 
     Raises MessageTooLarge, ValueError or zlib.error."""
+    if encoding == "gzip" and len(data) >= 18 and int.from_bytes(data[-4:], "little") > limit:
+        # the gzip trailer states the size (modulo 2**32): a bomb that says so costs nothing
+        raise MessageTooLarge(f"Received message larger than max (inflates to {int.from_bytes(data[-4:], 'little')} "
+                              f"bytes, more than {limit})")
     job = Inflation(encoding, data, limit)
-    if not job.run(INFLATE_ON_LOOP):
-        async with contextlib.AsyncExitStack() as held:
-            for gate in gates:
-                await held.enter_async_context(gate)
-            await asyncio.to_thread(job.run, limit + 1)
+    if job.run(INFLATE_ON_LOOP):
+        return job.result()
+    await gate.acquire()
+    loop = asyncio.get_running_loop()
+
+    def release(_: object) -> None:
+        try:
+            loop.call_soon_threadsafe(gate.release)
+        except RuntimeError:  # the loop is closed: nobody waits on the gate any more
+            pass
+
+    try:
+        job.spill()
+        work = executor.submit(job.run, limit + 1)
+    except BaseException:
+        gate.release()
+        raise
+    work.add_done_callback(release)
+    await asyncio.wrap_future(work)
     return job.result()
 
 
