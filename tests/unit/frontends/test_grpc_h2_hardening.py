@@ -21,9 +21,23 @@ from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
-from naiad.frontends.grpc.h2_connection import MAX_HEADER_BLOCK, RECV_CONN_WINDOW, H2Connection
+from naiad.frontends.grpc.h2_connection import (
+    MAX_HEADER_BLOCK,
+    RECV_CONN_WINDOW,
+    H2Connection,
+)
 from naiad.frontends.grpc.h2_server import H2GrpcServer
-from tests.unit.frontends.test_grpc_h2_protocol import INFER, WAIT, RawClient, Served, _gate, _message, own  # noqa: F401
+from tests.unit.frontends import test_grpc_h2_protocol as protocol
+from tests.unit.frontends.test_grpc_h2_protocol import (
+    INFER,
+    WAIT,
+    RawClient,
+    Served,
+    _gate,
+    _message,
+)
+
+own = protocol.own  # the fixture: an in-process server of the test's own (settings through indirect params)
 
 LIVE = "/inference.GRPCInferenceService/ServerLive"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"

@@ -572,12 +572,13 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         elif pos:
             del buf[:pos]
 
-    def _message(self, stream: Stream, compressed: int, message: bytes) -> None:
+    def _message(self, stream: Stream, compressed: int, raw: bytes) -> None:
+        message: bytes | w.Compressed = raw
         if compressed:
             if not stream.encoding:
                 self.finish(stream, grpc.StatusCode.INTERNAL, "Compressed message received without a grpc-encoding header")
                 return
-            message = w.Compressed(message)  # inflated (within the limit, off the loop when large) when taken
+            message = w.Compressed(raw)  # inflated (within the limit, off the loop when large) when taken
         if stream.requests is not None:
             stream.requests.put(message)
         elif stream.handler is None:
@@ -634,9 +635,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         ready, self._ready = self._ready, []
         start = self.server.start_unary
         for stream in ready:
-            if stream.finished:
-                continue
             message, stream.message = stream.message, None
+            if stream.finished or message is None:
+                continue
             self._held -= stream.held  # the request is the call's now
             stream.held = 0
             start(self, stream, message)
@@ -710,7 +711,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if self._paused and now - self._paused_at > limit:
             logger.debug("gRPC connection from %s: the client stopped reading", self.peer)
             self._closed = True
-            self.transport.abort()
+            if self.transport is not None:
+                self.transport.abort()
             return
         for stream in list(self.streams.values()):
             half_sent = stream.requests is None and not stream.recv_closed and not stream.finished

@@ -9,10 +9,10 @@ the restricted-protocol, model-name and header-forwarding rules to every call.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
-import concurrent.futures
 import ssl
 from typing import Any, Iterable
 

@@ -7,6 +7,7 @@ import collections
 from typing import Any
 
 from naiad.frontends.grpc.h2_call import CallContext, RequestStream
+from naiad.frontends.grpc.h2_wire import Compressed
 
 
 class Stream:
@@ -28,7 +29,7 @@ class Stream:
         self.headers_sent = False
         self.sent_end = False         # our END_STREAM went out
         self.buf: bytearray | None = None     # a partial inbound gRPC message
-        self.message: bytes | None = None     # the request of a unary call, until END_STREAM
+        self.message: bytes | Compressed | None = None  # the request of a unary call, until END_STREAM
         self.encoding = ""
         self.handler: Any = None
         self.ctx: CallContext | None = None

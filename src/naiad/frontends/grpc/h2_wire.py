@@ -314,13 +314,16 @@ class Inflation:
         self._done = False
 
     def spill(self) -> None:
+        small = self._out
+        assert isinstance(small, bytearray), "spilled twice"
         mapping = mmap.mmap(-1, self._limit + 1)
-        mapping[:self._size] = self._out
+        mapping[:self._size] = small
         self._out = mapping
 
     def run(self, budget: int) -> bool:
         """Inflate up to `budget` more bytes; True once the whole message is inflated."""
         z, out, produced = self._z, self._out, 0
+        assert out is not None, "inflation already closed"
         while not self._done and produced < budget:
             step = min(INFLATE_CHUNK, budget - produced, self._limit - self._size + 1)
             chunk = z.decompress(self._tail, step)
@@ -328,10 +331,10 @@ class Inflation:
             produced += len(chunk)
             end = self._size + len(chunk)
             if end > self._limit:
-                out = chunk = None
+                del out, chunk
                 self.close()
                 raise MessageTooLarge(f"Received message larger than max (inflated past {self._limit} bytes)")
-            out[self._size:end] = chunk  # type: ignore[index]
+            out[self._size:end] = chunk
             self._size = end
             self._done = z.eof or (len(chunk) < step and not self._tail)
         return self._done
