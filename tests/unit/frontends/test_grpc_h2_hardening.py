@@ -15,7 +15,7 @@ import grpc
 import hpack
 import pytest
 import tritonclient.grpc as grpcclient
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 
@@ -432,6 +432,7 @@ _FRAME = st.tuples(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(frames=st.lists(_FRAME, max_size=40), garbage=st.binary(max_size=64), with_settings=st.booleans())
+@example(frames=[w.frame(w.HEADERS, 0x24, 1, b"\x00" * 8)], garbage=b"", with_settings=True)  # an empty header name
 def test_fuzzed_frames_only_ever_end_in_protocol_errors(loop: asyncio.AbstractEventLoop, frames: list[bytes],
                                                         garbage: bytes, with_settings: bool) -> None:
     """Random frames never hit the server's internal-error path and never grow its buffers past their bounds."""

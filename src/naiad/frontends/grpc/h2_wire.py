@@ -256,8 +256,8 @@ def metadata_of(headers: list[tuple[str, str]]) -> tuple[tuple[str, Any], ...]:
     """Invocation metadata as grpcio gives it: no pseudo or transport headers, -bin values decoded."""
     out = []
     for name, value in headers:
-        if name[0] == ":" or name in _TRANSPORT_HEADERS:
-            continue
+        if not name or name[0] == ":" or name in _TRANSPORT_HEADERS:
+            continue  # an empty name (malformed) is dropped like pseudo and transport headers
         if name.endswith("-bin"):
             try:
                 out.append((name, base64.b64decode(value + "=" * (-len(value) % 4))))
