@@ -13,8 +13,9 @@ from __future__ import annotations
 RESET_BURST = 2000
 RESET_RATE = 200.0  # per second
 
-# Frames that cost the server work but carry no request: PING, SETTINGS, PRIORITY, unknown types,
-# empty DATA, CONTINUATION, WINDOW_UPDATE while nothing was sent, RST_STREAM of closed streams.
+# Frames that cost the server work but carry no request: PING, SETTINGS, PRIORITY, GOAWAY, unknown
+# types, every CONTINUATION, empty DATA without END_STREAM, WINDOW_UPDATE when no DATA was sent since
+# the previous one, RST_STREAM of closed streams.
 CHEAP_FRAME_BURST = 2000
 CHEAP_FRAME_RATE = 1000.0  # per second
 
