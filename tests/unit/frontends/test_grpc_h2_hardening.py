@@ -448,3 +448,49 @@ def test_fuzzed_frames_only_ever_end_in_protocol_errors(loop: asyncio.AbstractEv
     assert len(transport.out) <= 200 * (len(frames) + 1) + 200
     conn.connection_lost(None)
     assert conn._held == 0 and not conn.streams
+
+
+def test_handlers_of_reset_streams_count_against_the_stream_limit(loop: asyncio.AbstractEventLoop) -> None:
+    """Resetting a stream does not free its slot until its handler has ended: a reset cannot start more work."""
+    release = asyncio.Event()
+
+    async def stubborn(request: bytes, context: object) -> bytes:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()  # a handler that takes its time to wind down
+            raise
+        return request
+
+    async def scenario() -> tuple[list[tuple[int, int, int, bytes]], bool]:
+        server = H2GrpcServer(max_concurrent_streams=2)
+        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(stubborn)})
+        conn, transport = H2Connection(server), FakeTransport()
+        conn.connection_made(transport)
+        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+            ("content-type", "application/grpc")))
+
+        def call(sid: int) -> bytes:
+            return w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0\0\0\0\0")
+
+        conn.data_received(w.PREFACE + w.settings_frame({}) + call(1) + call(3))
+        await asyncio.sleep(0.01)
+        conn.data_received(w.rst_stream(1, w.CANCEL) + w.rst_stream(3, w.CANCEL))
+        await asyncio.sleep(0.01)
+        assert not conn.streams and conn.handlers == 2
+        conn.data_received(call(5))  # both handlers still run: refused
+        release.set()
+        await asyncio.sleep(0.01)
+        assert conn.handlers == 0
+        conn.data_received(call(7))  # accepted once they ended
+        await asyncio.sleep(0.01)
+        accepted = 7 in conn.streams and conn.handlers == 1
+        conn.connection_lost(None)
+        await asyncio.sleep(0.01)  # its handler winds down
+        return _frames(bytes(transport.out)), accepted
+
+    frames, accepted = loop.run_until_complete(scenario())
+    resets = {f[2]: struct.unpack(">I", f[3])[0] for f in frames if f[0] == w.RST_STREAM}
+    assert resets == {5: w.REFUSED_STREAM}
+    assert accepted
