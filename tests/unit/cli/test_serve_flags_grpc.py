@@ -39,4 +39,4 @@ def test_grpcio_serves_grpc_by_default_and_the_own_server_is_opt_in(capsys: pyte
         build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "grpcio's grpc.aio (default)" in help_text
-    assert "opt-in until it withstands the attacks listed in docs/security.md" in help_text
+    assert "opt-in until its defences against the attacks listed in docs/security.md" in help_text
