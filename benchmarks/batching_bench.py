@@ -43,7 +43,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "examples"))
 
 from run_onnx_bench import (  # noqa: E402  (benchmarks/ is not a package)
-    RunningServer, _grpc_ready, _http_ready, _spawn, _wait_until, free_port, log, machine_line, run_load,
+    RunningServer,
+    _grpc_ready,
+    _http_ready,
+    _spawn,
+    _wait_until,
+    free_port,
+    log,
+    machine_line,
+    run_load,
 )
 
 CONCURRENCY = 32
@@ -421,7 +429,7 @@ def main() -> int:
     if shutil.which("taskset") is None:
         parser.error("taskset (util-linux) is needed")
     work = Path(tempfile.mkdtemp(prefix="naiad_batching_"))
-    results: dict = {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    results: dict = {"when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                      "machine": machine_line(), "grpc_impl": args.grpc_impl}
     try:
         if "heavy" in args.parts:

@@ -89,7 +89,7 @@ class ModelConfig:
             return
         field.append(dict(tensor))
 
-    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
+    def add_input(self, input: dict) -> None:  # Triton's parameter name
         self._add("input", input, _INPUT_KEYS)
 
     def add_output(self, output: dict) -> None:

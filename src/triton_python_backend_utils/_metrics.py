@@ -11,7 +11,7 @@ from triton_python_backend_utils import _runtime
 from triton_python_backend_utils._errors import TritonModelException
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_families: dict[str, "MetricFamily"] = {}
+_families: dict[str, MetricFamily] = {}
 _lock = threading.Lock()
 
 
@@ -46,7 +46,7 @@ class MetricFamily:
         if runtime is not None:
             runtime.metric("family", name, self._description, kind)
 
-    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> "Metric":  # noqa: N802 - Triton's name
+    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> Metric:  # Triton's name
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
         if self._kind == MetricKind.HISTOGRAM:
             if not buckets:

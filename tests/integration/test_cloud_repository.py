@@ -14,12 +14,12 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
-from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint  # noqa: E402
-from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model  # noqa: E402
-from tests.support.servers import start_server  # noqa: E402
+from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint
+from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model
+from tests.support.servers import start_server
 
 FP = [("A", "FP32", [16]), ("B", "FP32", [16])]
 
@@ -66,7 +66,7 @@ def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
 def _ready(client: httpclient.InferenceServerClient, name: str, version: str = "") -> bool:
     try:
         return bool(client.is_model_ready(name, version))
-    except Exception:  # noqa: BLE001 - any client error means "not ready yet"
+    except Exception:  # any client error means "not ready yet"
         return False
 
 

@@ -39,7 +39,7 @@ def server(tmp_path_factory, hf_dir):
     force_one_token(split, "\u00e6")  # byte 0xE6 in the byte-level alphabet
     write_llm_repository(repo, split, name=SPLIT)
     with start_server(repo, "--openai-port", "0", timeout=120) as running:
-        line = next(l for l in running.output if l.startswith("NAIAD_READY "))
+        line = next(out for out in running.output if out.startswith("NAIAD_READY "))
         running.openai_port = json.loads(line.split(" ", 1)[1])["openai_port"]
         yield running
 
@@ -235,7 +235,7 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
     for name, hf in zip(names, (first, second, first, second)):
         write_llm_repository(repo, hf, name=name)
     with start_server(repo, "--openai-port", "0", timeout=180) as running:
-        assert not [l for l in running.output if "failed to load" in l]
+        assert not [out for out in running.output if "failed to load" in out]
         for name in names:
             with urllib.request.urlopen(f"http://{running.http_url}/v2/models/{name}/ready", timeout=10) as reply:
                 assert reply.status == 200
@@ -267,7 +267,7 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
         def guarded(work, name: str) -> None:
             try:
                 work(name)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         threads = [threading.Thread(target=guarded, args=(work, name))

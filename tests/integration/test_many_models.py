@@ -5,13 +5,18 @@ import time
 import urllib.request
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import helper, numpy_helper
 
-from tests.integration.test_python_backend_support import ADD_SUB_CONFIG, ADD_SUB_PY, add_sub, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    ADD_SUB_CONFIG,
+    ADD_SUB_PY,
+    add_sub,
+    wait_for,
+    write_model,
+)
 from tests.support.onnx_models import _save, _tensor, add_sub_model, write_config
 from tests.support.process_tree import descendants, tree_rss
 from tests.support.servers import client_error, start_server
@@ -73,7 +78,7 @@ def test_round_robin_over_many_models_under_a_budget(tmp_path, protocol):
         else:
             client = grpcclient.InferenceServerClient(server.grpc_url)
             module = grpcclient
-        for round_ in range(2):
+        for _ in range(2):
             for i in range(count):
                 inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
                 inputs[0].set_data_from_numpy(a * i)
@@ -84,7 +89,7 @@ def test_round_robin_over_many_models_under_a_budget(tmp_path, protocol):
         evicted = [e for e in index if "evicted" in e.get("reason", "")]
         assert evicted, index
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-        loads = float(next(l for l in metrics.splitlines() if l.startswith("naiad_model_loads ")).split()[1])
+        loads = float(next(line for line in metrics.splitlines() if line.startswith("naiad_model_loads ")).split()[1])
         assert loads >= count  # every model loaded at least once, several more than once
 
 

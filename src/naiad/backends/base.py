@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import numpy as np

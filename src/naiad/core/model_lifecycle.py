@@ -13,21 +13,33 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from naiad.backends.base import ServerServices
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError, ConfigReadError
 from naiad.config.server_config import ServerConfig
-from naiad.backends.base import ServerServices
-from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, instances_memory_bytes, prepare_model
-from naiad.core.model_version import ModelVersion
-from naiad.scheduling.rate_limiter import RateLimiter
-from naiad.core.model_warmup import warm_up
-from naiad.protocol.model_names import check_model_name
-from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
+from naiad.core.model_loader import (
+    PreparedModel,
+    instance_source,
+    instance_specs,
+    instances_memory_bytes,
+    prepare_model,
+)
 from naiad.core.model_residency import ResidencyManager
+from naiad.core.model_version import ModelVersion
+from naiad.core.model_warmup import warm_up
+from naiad.protocol.errors import (
+    ErrorCode,
+    NaiadError,
+    internal,
+    invalid_arg,
+    not_found,
+)
+from naiad.protocol.model_names import check_model_name
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
-from naiad.runtime.memory import release_free_memory, rss_bytes
 from naiad.repository.local import version_directories
+from naiad.runtime.memory import release_free_memory, rss_bytes
+from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.lifecycle")
 

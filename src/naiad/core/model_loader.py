@@ -10,14 +10,24 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
+from naiad.config.completion import (
+    default_model_filename,
+    fill_defaults,
+    fill_instance_groups,
+    resolve_backend,
+)
 from naiad.config.ensemble import check_ensemble_graph
-from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
-from naiad.config.model_config import ConfigError, ConfigReadError, load_config_file, parse_config_json
+from naiad.config.model_config import (
+    ConfigError,
+    ConfigReadError,
+    load_config_file,
+    parse_config_json,
+)
 from naiad.config.server_config import ServerConfig
 from naiad.config.validation import validate_config, validate_read
 from naiad.repository.local import config_file, version_directories
-from naiad.runtime.memory import rss_bytes
 from naiad.runtime.devices import gpu_count
+from naiad.runtime.memory import rss_bytes
 
 log = logging.getLogger(__name__)
 

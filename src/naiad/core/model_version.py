@@ -11,7 +11,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
-from naiad.observability.statistics import DEFAULT_FIRST_RESPONSE_BUCKETS_MS, ModelStatistics
+from naiad.observability.statistics import (
+    DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
+    ModelStatistics,
+)
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler

@@ -8,7 +8,12 @@ from naiad.core.model_version import ModelVersion, TensorSpec
 from naiad.protocol.datatypes import datatype_of_array, numpy_dtype
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.tensor_codec import array_to_raw
-from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    OutputTensor,
+    RequestedOutput,
+)
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 
 

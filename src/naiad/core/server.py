@@ -21,16 +21,34 @@ from naiad.config.server_config import ServerConfig
 from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.model_version import ModelVersion
 from naiad.core.request_validation import validate_request
-from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
-from naiad.core.server_observability import failure_reason, metrics_settings, residency_families, start_trace
+from naiad.core.response_cache import ResponseCache, cache_key
+from naiad.core.server_observability import (
+    failure_reason,
+    metrics_settings,
+    residency_families,
+    start_trace,
+)
 from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.log_settings import LogSettings
-from naiad.observability.tracing import Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, ModelSeries
+from naiad.observability.tracing import Tracer, parse_trace_config
 from naiad.protocol.datatypes import datatype_of_array
-from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
-from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+from naiad.protocol.errors import (
+    DecoupledModelError,
+    ErrorCode,
+    NaiadError,
+    internal,
+    invalid_arg,
+    unavailable,
+    unsupported,
+)
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    InferInput,
+    RequestedOutput,
+)
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 from naiad.scheduling.base import WorkItem
 from naiad.scheduling.rate_limiter import RateLimiter
@@ -173,7 +191,7 @@ class Server:
         log.info("draining %d request(s) (up to %g s)", count, timeout)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("exit timeout (%g s) reached with %d of %d request(s) still in flight: they are cancelled",
                         timeout, self._inflight, count)
         else:
@@ -396,7 +414,7 @@ class Server:
             load.add_done_callback(lambda task: task.cancelled() or task.exception())
             try:
                 await asyncio.wait_for(asyncio.shield(load), request.timeout_us / 1e6 if request.timeout_us else None)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
             except NaiadError as exc:
                 raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
@@ -441,8 +459,8 @@ class Server:
     def model_statistics(self, name: str = "", version: str = "") -> dict:
         stats = []
         if not name:
-            for record_name, record in sorted(self.models.records.items()):
-                for v, model in sorted(record.ready().items()):
+            for _, record in sorted(self.models.records.items()):
+                for _, model in sorted(record.ready().items()):
                     stats.append(model.stats.as_dict())
             return {"model_stats": stats}
         record = self.models.records.get(name)
@@ -498,7 +516,7 @@ class Server:
 
     # ------------------------------------------------------------ in-process, synchronous API
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         """Start on a private event-loop thread, for notebooks and tests without sockets."""
         if self._thread is not None:
             return self
@@ -534,7 +552,7 @@ class Server:
         self._thread.join()
         self._thread = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from naiad.protocol.datatypes import BYTE_SIZES, WIRE_DTYPES, is_valid_datatype, numpy_dtype
+from naiad.protocol.datatypes import (
+    BYTE_SIZES,
+    WIRE_DTYPES,
+    is_valid_datatype,
+    numpy_dtype,
+)
 from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.request_json import json_preview
 

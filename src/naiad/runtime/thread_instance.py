@@ -15,7 +15,6 @@ import numpy as np
 from naiad.backends.base import ExecutionBatch, ModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
-
 # Executions shorter than this run inline on the event loop: a thread hand-off costs more
 # (~50-150 us) than the work itself, and blocking the loop for this long is harmless.
 INLINE_THRESHOLD_NS = 100_000

@@ -11,8 +11,14 @@ from typing import Protocol
 
 import numpy as np
 
-from naiad.backends.base import (BackendRequest, BackendResponse, ExecutionBatch, ExecutionOutcome, ExecutionTiming,
-                                 RequestModelInstance)
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ExecutionBatch,
+    ExecutionOutcome,
+    ExecutionTiming,
+    RequestModelInstance,
+)
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.protocol.types import InferenceRequest
@@ -41,7 +47,7 @@ class WorkItem:
     padding: bool = False  # a sequence-slot filler row: nobody waits, its responses are dropped
     signature: tuple | None = None  # cached by can_join: batch formation compares it many times
     # Request rescheduling: a scheduler that can queue this item again sets this (see BackendRequest.reschedule).
-    reschedule: Callable[["WorkItem"], None] | None = None
+    reschedule: Callable[[WorkItem], None] | None = None
 
     def deliver(self, response: BackendResponse) -> None:
         """Route one response of this request to its waiter (event-loop thread only)."""

@@ -11,8 +11,8 @@ from naiad.backends.base import BackendResponse, ServerServices
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.scheduling.base import WorkItem
-from naiad.scheduling.ensemble_stream import StreamingEnsembleRun
 from naiad.scheduling.ensemble_steps import step_error, step_request
+from naiad.scheduling.ensemble_stream import StreamingEnsembleRun
 
 
 class EnsembleScheduler:

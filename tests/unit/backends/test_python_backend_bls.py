@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from naiad import Server
-from tests.integration.test_python_backend_support import REPEAT_CONFIG, REPEAT_PY, add_sub, write_model
+from tests.integration.test_python_backend_support import (
+    REPEAT_CONFIG,
+    REPEAT_PY,
+    add_sub,
+    write_model,
+)
 from tests.support.onnx_models import add_sub_model
 
 BLS_CONFIG = """

@@ -10,7 +10,12 @@ import pytest
 
 from naiad import ErrorCode, NaiadError, Server
 from naiad.protocol.types import InferenceRequest, InferInput
-from tests.integration.test_python_backend_support import SIMPLE_CONFIG, add_sub, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    SIMPLE_CONFIG,
+    add_sub,
+    wait_for,
+    write_model,
+)
 
 BATCH_CONFIG = """
 backend: "python"

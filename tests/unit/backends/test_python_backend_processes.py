@@ -17,7 +17,13 @@ from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
 from naiad.backends.python.backend import PythonBackend
 from naiad.backends.python.instance import pipeline_depth
 from naiad.config.model_config import load_config_file
-from tests.integration.test_python_backend_support import PID_CONFIG, PID_PY, pid_alive, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    PID_CONFIG,
+    PID_PY,
+    pid_alive,
+    wait_for,
+    write_model,
+)
 
 RENDEZVOUS_PY = """
 import os

@@ -9,7 +9,12 @@ import pytest
 import naiad
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
-from tests.support.onnx_models import add_sub_model, classifier_model, identity_model, write_config
+from tests.support.onnx_models import (
+    add_sub_model,
+    classifier_model,
+    identity_model,
+    write_config,
+)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, ExecutionBatch, ResponseCallback
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ExecutionBatch,
+    ResponseCallback,
+)
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
