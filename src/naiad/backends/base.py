@@ -144,3 +144,7 @@ class RequestModelInstance(Protocol):
     def healthy(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+# What a backend's create_instance(_async) returns: a tensor instance or a request-level one.
+BackendInstance = ModelInstance | RequestModelInstance

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,12 +130,14 @@ def _backend(config: mc.ModelConfig, settings: ServerConfig, backends: BackendRe
 
 def _shared_model_file(backend: Backend) -> Path | None:
     """The model.py a Python-based backend runs for all its models (None for other backends)."""
-    return getattr(backend, "shared_model_file", None)
+    shared: Path | None = getattr(backend, "shared_model_file", None)
+    return shared
 
 
 def _model_file(config: mc.ModelConfig, model_dir: Path, version_dir: Path | None) -> Path:
     assert version_dir is not None
-    return version_dir / config.default_model_filename
+    filename: str = config.default_model_filename
+    return version_dir / filename
 
 
 def instance_specs(config: mc.ModelConfig) -> list[InstanceSpec]:
@@ -170,12 +173,12 @@ def instance_source(
     return backend, source
 
 
-def instances_memory_bytes(instances: list) -> int:
+def instances_memory_bytes(instances: Sequence[object]) -> int:
     """Memory instances hold outside this process: their own report, else their worker's RSS."""
     total = 0
     for instance in instances:
         if hasattr(instance, "memory_bytes"):
             total += instance.memory_bytes()
-        elif getattr(instance, "pid", 0):
-            total += rss_bytes(instance.pid)  # a Python-backend worker process
+        elif pid := getattr(instance, "pid", 0):
+            total += rss_bytes(pid)  # a Python-backend worker process
     return total

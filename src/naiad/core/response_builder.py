@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from naiad.core.model_version import ModelVersion, TensorSpec
@@ -82,7 +84,7 @@ def build_response(
         if wanted.classification > 0:
             array = classify(array, wanted.classification, spec.labels, batched)
             datatype = "BYTES"
-        parameters: dict = {}
+        parameters: dict[str, Any] = {}
         data: np.ndarray | None = array
         if wanted.shared_memory is not None:
             ref = wanted.shared_memory

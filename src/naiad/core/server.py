@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -15,6 +15,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import __version__
+from naiad.backends.base import BackendResponse
 from naiad.backends.registry import BackendRegistry
 from naiad.config.model_config import config_to_dict
 from naiad.config.server_config import ServerConfig
@@ -71,7 +72,7 @@ EXTENSIONS = [
 ]
 
 
-def _stream_refused(item, task: asyncio.Task) -> None:
+def _stream_refused(item: WorkItem, task: asyncio.Task[BackendResponse]) -> None:
     """A scheduler that refuses a request raises from enqueue: a streaming caller reads that error from its stream."""
     if task.cancelled() or item.future.done():
         return
@@ -106,9 +107,9 @@ class Server:
             log_format=config.log_format,
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
-        settings = metrics_settings(config)
-        self.summary_quantiles = settings.summary_quantiles or None  # read by each ModelVersion's statistics
-        self.metrics = MetricsCollector(self._model_series, settings)
+        metrics_config = metrics_settings(config)
+        self.summary_quantiles = metrics_config.summary_quantiles or None  # read by each ModelVersion's statistics
+        self.metrics = MetricsCollector(self._model_series, metrics_config)
         self.custom_metrics = CustomMetrics()  # families created by model code (pb_utils.MetricFamily)
         self.metrics.extra_families.append(lambda: residency_families(self.models.residency))
         self.metrics.extra_families.append(self.custom_metrics.families)
@@ -117,8 +118,8 @@ class Server:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._thread: threading.Thread | None = None
-        self._poller: asyncio.Task | None = None
-        self._metrics_sampler: asyncio.Task | None = None  # refreshes the per-interval gauges
+        self._poller: asyncio.Task[None] | None = None
+        self._metrics_sampler: asyncio.Task[None] | None = None  # refreshes the per-interval gauges
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle (async)
@@ -212,7 +213,7 @@ class Server:
             return False
         return self.models.all_ready() if self.config.strict_readiness else True
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict[str, Any]:
         return {"name": self.config.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def _check_serving(self) -> None:
@@ -227,21 +228,21 @@ class Server:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.models.lookup(name, version).config
 
-    def model_config_dict(self, name: str, version: str = "") -> dict:
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_dict(self.model_config(name, version))
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.models.lookup(name, version).decoupled
 
-    def apply_chat_template(self, name: str, messages: list[dict], add_generation_prompt: bool = True) -> str | None:
+    def apply_chat_template(self, name: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
         """The prompt a chat model's tokenizer template makes of `messages`; None when it has no template."""
         for instance in self.models.lookup(name).pool.instances:
-            template = getattr(instance, "apply_chat_template", None)
+            template: Callable[[list[dict[str, Any]], bool], str] | None = getattr(instance, "apply_chat_template", None)
             if template is not None:
                 return template(messages, add_generation_prompt)
         return None
 
-    def model_metadata(self, name: str, version: str = "") -> dict:
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self.models.lookup(name, version)
         config = model.config
         batch = (-1,) if config.max_batch_size > 0 else ()
@@ -395,7 +396,7 @@ class Server:
             if not (self.config.load_on_demand and exc.code is ErrorCode.NOT_FOUND and name in self.models.scan()[0]):
                 raise
 
-    async def _serving_version(self, request: InferenceRequest):
+    async def _serving_version(self, request: InferenceRequest) -> ModelVersion:
         """The version to run; with --load-on-demand an unloaded repository model is loaded first."""
         try:
             return self.models.lookup(request.model_name, request.model_version)
@@ -435,7 +436,7 @@ class Server:
 
     # ------------------------------------------------------------ repository
 
-    def repository_index(self, ready_only: bool = False) -> list[dict]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.models.index(ready_only)
 
     def unreadable_models(self) -> dict[str, str]:
@@ -456,12 +457,12 @@ class Server:
 
     # ------------------------------------------------------------ statistics
 
-    def model_statistics(self, name: str = "", version: str = "") -> dict:
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         stats = []
         if not name:
-            for _, record in sorted(self.models.records.items()):
-                for _, model in sorted(record.ready().items()):
-                    stats.append(model.stats.as_dict())
+            for _, each in sorted(self.models.records.items()):
+                for _, loaded in sorted(each.ready().items()):
+                    stats.append(loaded.stats.as_dict())
             return {"model_stats": stats}
         record = self.models.records.get(name)
         ready = record.ready() if record is not None else {}
@@ -483,27 +484,27 @@ class Server:
 
     # ------------------------------------------------------------ logging extension
 
-    def get_log_settings(self) -> dict:
+    def get_log_settings(self) -> dict[str, Any]:
         return self.log_settings.as_dict()
 
-    def update_log_settings(self, changes: dict) -> dict:
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         return self.log_settings.update(changes)
 
     # ------------------------------------------------------------ trace extension
 
-    def get_trace_settings(self, model: str = "") -> dict:
+    def get_trace_settings(self, model: str = "") -> dict[str, Any]:
         if model and model not in self.models.records:
             raise invalid_arg(f"Request for unknown model : {model}")
         return self.tracer.settings(model)
 
-    def update_trace_settings(self, model: str, changes: dict) -> dict:
+    def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
         if model and model not in self.models.records:
             raise invalid_arg(f"Request for unknown model : {model}")
         return self.tracer.update(model, changes)
 
     # ------------------------------------------------------------ CUDA shared memory (no GPU path)
 
-    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
         if name:
             raise invalid_arg(f"Unable to find cuda shared memory region: '{name}'")
         return []
