@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 
 from tests.support.onnx_models import add_sub_model, slow_model
 from tests.support.servers import RunningServer, start_server
+from tests.support.waiting import wait_until
 
 # One queued request waits this long for company before it runs alone.
 DELAY_US = 1_000_000
@@ -42,10 +43,7 @@ def _pending(server: RunningServer) -> int:
 
 
 def _wait_for_pending(server: RunningServer, expected: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _pending(server) != expected:
-        assert time.monotonic() < deadline, f"pending request count never became {expected}"
-        time.sleep(0.02)
+    wait_until(lambda: _pending(server) == expected, f"the pending request count to become {expected}", timeout)
 
 
 def _infer_body() -> bytes:
