@@ -27,6 +27,7 @@ class MetricFamily:
     COUNTER = MetricKind.COUNTER
     GAUGE = MetricKind.GAUGE
     HISTOGRAM = MetricKind.HISTOGRAM
+    _kind: int
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
@@ -69,7 +70,7 @@ class Metric:
     def __init__(self, family: MetricFamily, labels: dict, buckets: list | None) -> None:
         self._family = family
         self._labels = labels
-        self._buckets = buckets
+        self._buckets: list[float] = buckets or []  # empty unless a histogram
         self._value = 0.0
         self._sum = 0.0
         self._count = 0
