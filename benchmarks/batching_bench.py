@@ -42,17 +42,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "examples"))
 
-from run_onnx_bench import (  # noqa: E402  (benchmarks/ is not a package)
-    RunningServer,
-    _grpc_ready,
-    _http_ready,
-    _spawn,
-    _wait_until,
-    free_port,
-    log,
-    machine_line,
-    run_load,
-)
+from run_onnx_bench import log, machine_line, run_load  # noqa: E402  (benchmarks/ is not a package)
+from servers import start_naiad, start_triton  # noqa: E402
 
 CONCURRENCY = 32
 HEAVY_HIDDEN = 4096
@@ -146,37 +137,6 @@ def mlp_onnx(work: Path) -> Path:
 
 
 # ---------------------------------------------------------------- servers
-
-def start_naiad(work: Path, repo: Path, core: str, models: list[str], grpc_impl: str) -> RunningServer:
-    out_path, log_path = work / f"{repo.name}.stdout", work / f"{repo.name}.log"
-    cmd = [sys.executable, "-m", "naiad", "serve", "--model-repository", str(repo), "--http-port", "0",
-           "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-           "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl]
-    proc = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=open(out_path, "wb"), stderr=open(log_path, "wb"),
-                            stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
-
-    def ready():
-        for line in out_path.read_text(errors="replace").splitlines():
-            if line.startswith("NAIAD_READY "):
-                return json.loads(line.split(" ", 1)[1])
-        return None
-
-    ports = _wait_until(ready, "naiad", proc, log_path)
-    server = RunningServer("naiad", proc, ports["http_port"], ports["grpc_port"], log_path)
-    _wait_until(lambda: _http_ready(server.http_port, models), "naiad models", proc, log_path)
-    return server
-
-
-def start_triton(work: Path, repo: Path, core: str) -> RunningServer:
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log_path = work / "triton.log"
-    cmd = ["bash", str(HERE / "start_triton.sh"), str(repo), str(http_port), str(grpc_port), str(metrics_port)]
-    proc = _spawn(cmd, core, log_path, work)
-    server = RunningServer("triton", proc, http_port, grpc_port, log_path)
-    _wait_until(lambda: _http_ready(http_port, ["mlp_classifier"]) and _grpc_ready(grpc_port), "triton", proc, log_path,
-                timeout=240)
-    return server
-
 
 def model_counts(port: int, model: str) -> tuple[int, int, dict[int, int]]:
     """(inference_count, execution_count, executions per batch size) from the v2 statistics extension."""
@@ -311,7 +271,7 @@ def part_triton(work: Path, args) -> dict:
     (triton_repo / "mlp_classifier" / "1" / "model.py").write_text(TRITON_MLP_PY)
     servers = {"naiad": start_naiad(work, naiad_repo, args.server_core, ["mlp_classifier"], args.grpc_impl)}
     try:
-        servers["triton"] = start_triton(work, triton_repo, args.server_core)
+        servers["triton"] = start_triton(work, triton_repo, args.server_core, ["mlp_classifier"])
         rounds: list[dict] = []
         for r in range(args.rounds):
             cells = {}

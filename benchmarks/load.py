@@ -39,6 +39,7 @@ PROTOCOLS = ("http-json", "http-binary", "grpc")
 NUMPY_OF = {"FP32": np.float32, "FP64": np.float64, "INT32": np.int32, "INT64": np.int64,
             "FP16": np.float16, "UINT8": np.uint8, "INT8": np.int8, "BOOL": np.bool_}
 MAX_RECONNECTS = 100
+TREE_FEATURES = 32  # xgboost*: a binary classifier on 32 FP32 features (input__0 -> output__0)
 
 
 # ---------------------------------------------------------------- workloads
@@ -64,6 +65,11 @@ def _check_probabilities(out: dict[str, np.ndarray]) -> None:
     assert np.all(p >= 0) and abs(float(p.sum()) - 1.0) < 1e-4, f"not a distribution: {p}"
 
 
+def _check_probability(out: dict[str, np.ndarray]) -> None:
+    p = out["output__0"]
+    assert p.size == 1 and 0.0 <= float(p.ravel()[0]) <= 1.0, f"output__0 {p} is not one probability"
+
+
 def make_workload(model: str, seed: int = 0) -> Workload:
     """The request used for a model of the example repository (batch 1)."""
     rng = np.random.default_rng(seed)
@@ -75,7 +81,10 @@ def make_workload(model: str, seed: int = 0) -> Workload:
     if model.startswith("mlp"):
         x = rng.standard_normal((1, 256)).astype(np.float32)
         return Workload(model, [("INPUT", "FP32", x)], ["PROBABILITIES"], _check_probabilities)
-    raise SystemExit(f"load.py: no workload defined for model {model!r} (known: add_sub*, mlp*)")
+    if model.startswith("xgboost"):
+        x = rng.standard_normal((1, TREE_FEATURES)).astype(np.float32)
+        return Workload(model, [("input__0", "FP32", x)], ["output__0"], _check_probability)
+    raise SystemExit(f"load.py: no workload defined for model {model!r} (known: add_sub*, mlp*, xgboost*)")
 
 
 def with_reference(workload: Workload, onnx_path: str) -> Workload:
@@ -568,7 +577,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", required=True, help="host:port (loopback only), e.g. 127.0.0.1:8000")
     parser.add_argument("--protocol", choices=PROTOCOLS, default="http-json")
-    parser.add_argument("--model", default="add_sub", help="add_sub* or mlp* (the example repository's models)")
+    parser.add_argument("--model", default="add_sub",
+                        help="add_sub* or mlp* (the example repository's models), xgboost* (a 32-feature classifier)")
     parser.add_argument("-c", "--concurrency", type=int, default=1)
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first (default 1)")

@@ -39,6 +39,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from servers import tree_cpu_seconds  # noqa: E402  (benchmarks/servers.py)
+
 TRITON_SCRIPT = HERE / "start_triton.sh"
 MB_ELEMENTS = 262144  # FP32 -> 1 MiB
 
@@ -195,27 +198,11 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(10)
 
 
-def _tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants."""
-    pids, total = [pid], 0.0
-    while pids:
-        current = pids.pop()
-        try:
-            with open(f"/proc/{current}/task/{current}/children") as children:
-                pids.extend(int(c) for c in children.read().split())
-            with open(f"/proc/{current}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 def _with_cpu(pid: int, run, duration: float, warmup: float = 1.0) -> dict:
     """Run one cell; add the server tree's CPU microseconds per request (warm-up requests counted at the same rate)."""
-    before = _tree_cpu(pid)
+    before = tree_cpu_seconds(pid)
     cell = run()
-    used = _tree_cpu(pid) - before
+    used = tree_cpu_seconds(pid) - before
     if "error" not in cell and cell.get("infer_per_sec"):
         cell["cpu_us_per_req"] = used / (cell["infer_per_sec"] * (duration + warmup)) * 1e6
     return cell

@@ -29,19 +29,13 @@ The matrix is repeated --rounds times (default 3); each cell reports its fastest
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,89 +43,19 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(ROOT / "examples"))
 
+import servers as bench_servers  # noqa: E402  (benchmarks/servers.py; benchmarks/ is not a package)
+from servers import RunningServer, log, machine_line, spawn, wait_until  # noqa: E402
+
 SERVERS = ("naiad", "naiad-grpcio", "mlserver", "kserve")  # naiad-grpcio: --grpc-server-impl grpcio
 MODELS = ("mlp_classifier", "add_sub")
 PROTOCOLS = ("http-json", "http-binary", "grpc")
 UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST"}
-START_TIMEOUT = 120.0
 
 NAIAD_MATCHED_CONFIG = """
 instance_group [ { count: 1 kind: KIND_CPU } ]
 parameters { key: "intra_op_thread_count" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "1" } }
 """
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# ---------------------------------------------------------------- servers
-
-@dataclass
-class RunningServer:
-    name: str
-    proc: subprocess.Popen
-    http_port: int
-    grpc_port: int
-    log_path: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # our own session: the server and its children
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-
-
-def _spawn(cmd: list[str], core: str, log_path: Path, cwd: Path, env: dict | None = None) -> subprocess.Popen:
-    log_file = open(log_path, "wb")
-    return subprocess.Popen(["taskset", "-c", core, *cmd], stdout=log_file, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, cwd=cwd, env=env, start_new_session=True)
-
-
-def _wait_until(check, what: str, proc: subprocess.Popen, log_path: Path, timeout: float = START_TIMEOUT):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; log {log_path}:\n"
-                               + log_path.read_text(errors="replace")[-3000:])
-        result = check()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise RuntimeError(f"{what} not ready after {timeout:.0f} s; log {log_path}")
-
-
-def _http_ready(port: int, models: list[str]) -> bool:
-    for m in models:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/{m}/ready", timeout=2) as r:
-                if r.status != 200:
-                    return False
-        except OSError:
-            return False
-    return True
-
-
-def _grpc_ready(port: int) -> bool:
-    import grpc
-    from tritonclient.grpc import service_pb2, service_pb2_grpc
-
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            return stub.ServerReady(service_pb2.ServerReadyRequest(), timeout=2).ready
-    except grpc.RpcError:
-        return False
 
 
 def start_naiad(work: Path, models: list[str], core: str, python: str, config_mode: str,
@@ -143,71 +67,32 @@ def start_naiad(work: Path, models: list[str], core: str, python: str, config_mo
             with open(repo / m / "config.pbtxt", "a") as f:
                 f.write(NAIAD_MATCHED_CONFIG)
     tag = "naiad" if grpc_impl == "naiad" else f"naiad-{grpc_impl}"
-    log_path = work / f"{tag}.log"
-    out_path = work / f"{tag}.stdout"
-    out = open(out_path, "wb")
-    err = open(log_path, "wb")
-    cmd = [os.path.abspath(python), "-m", "naiad", "serve", "--model-repository", str(repo), "--http-port", "0",
-           "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1",
-           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl]
-    proc = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                            cwd=work, start_new_session=True)
-
-    def ready():
-        for line in out_path.read_text(errors="replace").splitlines():
-            if line.startswith("NAIAD_READY "):
-                return json.loads(line.split(" ", 1)[1])
-        return None
-
-    ports = _wait_until(ready, "naiad", proc, log_path)
-    server = RunningServer(tag, proc, ports["http_port"], ports["grpc_port"], log_path)
-    _wait_until(lambda: _http_ready(server.http_port, models), "naiad models", proc, log_path)
-    return server
+    return bench_servers.start_naiad(work, repo, core, models, grpc_impl, python, tag)
 
 
 def start_mlserver(work: Path, models: list[str], core: str, venvs: Path) -> RunningServer:
-    root = work / "mlserver_repo"
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "settings.json").write_text(json.dumps({
-        "debug": False, "parallel_workers": 0, "host": "127.0.0.1", "http_port": http_port,
-        "grpc_port": grpc_port, "metrics_port": metrics_port, "load_models_at_startup": True}))
-    for m in models:
-        (root / m).mkdir(exist_ok=True)
-        (root / m / "model-settings.json").write_text(json.dumps({
-            "name": m, "implementation": "mlserver_runtime.OnnxRuntimeModel",
-            "parameters": {"uri": str(work / "models" / m / "1" / "model.onnx")}}))
-    env = {**os.environ, "PYTHONPATH": str(HERE / "peers")}
-    log_path = work / "mlserver.log"
-    proc = _spawn([str(venvs / "mlserver" / "bin" / "mlserver"), "start", str(root)], core, log_path, root, env)
-    server = RunningServer("mlserver", proc, http_port, grpc_port, log_path)
-    _wait_until(lambda: _http_ready(http_port, models) and _grpc_ready(grpc_port), "mlserver", proc, log_path)
-    return server
+    return bench_servers.start_mlserver(work, core, venvs, {m: {
+        "implementation": "mlserver_runtime.OnnxRuntimeModel",
+        "parameters": {"uri": str(work / "models" / m / "1" / "model.onnx")}} for m in models})
 
 
 def start_kserve(work: Path, models: list[str], core: str, venvs: Path) -> RunningServer:
-    http_port, grpc_port = free_port(), free_port()
-    cmd = [str(venvs / "kserve" / "bin" / "python"), str(HERE / "peers" / "kserve_server.py"),
-           "--http_port", str(http_port), "--grpc_port", str(grpc_port),
-           "--configure_logging", "false", "--enable_latency_logging", "false"]
-    for m in models:
-        cmd += ["--model", f"{m}={work / 'models' / m / '1' / 'model.onnx'}"]
-    log_path = work / "kserve.log"
-    proc = _spawn(cmd, core, log_path, work)
-    server = RunningServer("kserve", proc, http_port, grpc_port, log_path)
-    _wait_until(lambda: _http_ready(http_port, models) and _grpc_ready(grpc_port), "kserve", proc, log_path)
-    return server
+    return bench_servers.start_kserve(work, core, venvs, {m: work / "models" / m / "1" / "model.onnx" for m in models})
 
 
 # ---------------------------------------------------------------- measurements
 
-def run_load(core: str, port: int, protocol: str, model: str, concurrency: int, args, reference: Path,
+def run_load(core: str, port: int, protocol: str, model: str, concurrency: int, args, reference: Path | None,
              verify: bool = True, grpc_client: str = "raw") -> dict:
+    """load.py pinned to `core`, checking its first answer (against onnxruntime on `reference` when given)."""
     cmd = ["taskset", "-c", core, sys.executable, str(HERE / "load.py"), "--url", f"127.0.0.1:{port}",
            "--protocol", protocol, "--model", model, "-c", str(concurrency), "--duration", str(args.duration),
            "--warmup", str(args.warmup), "--requests", str(args.max_requests), "--json",
            "--grpc-client", grpc_client]
-    cmd += ["--reference-model", str(reference)] if verify else ["--no-verify"]
+    if not verify:
+        cmd.append("--no-verify")
+    elif reference is not None:
+        cmd += ["--reference-model", str(reference)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=args.warmup + args.duration + 180)
     if done.returncode != 0 or not done.stdout.strip():
         return {"error": (done.stderr.strip().splitlines() or ["load.py failed"])[-1][:300]}
@@ -260,7 +145,7 @@ def measure_ceiling(core: str, model: str, path: Path, args) -> dict:
 def measure_generator_ceiling(work: Path, args) -> dict:
     """load.py against trivial_server.py: what the generator can do when the server costs ~nothing."""
     out_path = work / "trivial.stdout"
-    proc = _spawn([sys.executable, str(HERE / "trivial_server.py"), "--lifetime", "900"], args.server_core,
+    proc = spawn([sys.executable, str(HERE / "trivial_server.py"), "--lifetime", "900"], args.server_core,
                   out_path, work)
     server = RunningServer("trivial", proc, 0, 0, out_path)
     try:
@@ -269,7 +154,7 @@ def measure_generator_ceiling(work: Path, args) -> dict:
                 if line.startswith("TRIVIAL_READY "):
                     return json.loads(line.split(" ", 1)[1])
             return None
-        ports = _wait_until(ready, "trivial server", proc, out_path, 30)
+        ports = wait_until(ready, "trivial server", proc, out_path, 30)
         results = {}
         for label, port, protocol, client in (
                 ("http (raw asyncio client)", ports["http_port"], "http-json", "raw"),
@@ -319,20 +204,6 @@ def markdown_table(results: dict, ceilings: dict, servers: list[str], args) -> s
                     row.append(_ratio(cells["naiad"], ceiling))
                 lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    load = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else ["?"]
-    return (f"{datetime.date.today().isoformat()}, {os.cpu_count()} cores ({cpu}), Python "
-            f"{platform.python_version()}, load average at start {' '.join(load)}")
 
 
 def pick_result(rounds: list[dict], how: str) -> dict:

@@ -13,6 +13,7 @@ PYTHON="${PYTHON:-python3}"
 MLSERVER_VERSION="1.7.1"
 KSERVE_VERSION="0.21.0"
 ONNXRUNTIME_VERSION="1.31.1"
+XGBOOST_VERSION="3.2.0"  # the XGBoost tree model of matrix_bench.py (peers/ serve it with xgboost)
 
 make_venv() {
     local name="$1" check="$2"; shift 2
@@ -31,9 +32,9 @@ make_venv() {
 
 mkdir -p "$ROOT"
 make_venv mlserver \
-    "import mlserver, onnxruntime; assert mlserver.__version__ == '$MLSERVER_VERSION', mlserver.__version__" \
-    "mlserver==$MLSERVER_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION"
+    "import mlserver, onnxruntime, xgboost; assert mlserver.__version__ == '$MLSERVER_VERSION', mlserver.__version__" \
+    "mlserver==$MLSERVER_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "xgboost-cpu==$XGBOOST_VERSION"
 make_venv kserve \
-    "import kserve, onnxruntime, importlib.metadata as m; assert m.version('kserve') == '$KSERVE_VERSION'" \
-    "kserve==$KSERVE_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION"
+    "import kserve, onnxruntime, xgboost, importlib.metadata as m; assert m.version('kserve') == '$KSERVE_VERSION'" \
+    "kserve==$KSERVE_VERSION" "onnxruntime==$ONNXRUNTIME_VERSION" "xgboost-cpu==$XGBOOST_VERSION"
 echo "peer venvs ready under $ROOT"

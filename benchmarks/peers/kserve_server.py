@@ -1,12 +1,15 @@
-"""KServe ModelServer serving ONNX files with onnxruntime (peer for Naiad's benchmark).
+"""KServe ModelServer serving ONNX files with onnxruntime and XGBoost JSON files with xgboost
+(peer for Naiad's benchmarks).
 
 Runs inside the KServe venv made by benchmarks/setup_peers.sh:
     python kserve_server.py --http_port 8080 --grpc_port 8081 \
         --model add_sub=/path/add_sub.onnx --model mlp_classifier=/path/mlp.onnx
 (other --flags are KServe's own ModelServer flags). This is the ordinary way to serve a custom
 model with KServe's v2 protocol: a kserve.Model whose predict() takes an InferRequest and returns
-an InferResponse. One ORT thread, like the other servers; per-request latency logging and
-uvicorn access logs are off so the server is not timed writing logs.
+an InferResponse. A path ending in .json is an XGBoost model answering `output__0` (the
+probability, one column; xgboost must be installed in the venv). One thread, like the other
+servers; per-request latency logging and uvicorn access logs are off so the server is not timed
+writing logs.
 """
 
 import argparse
@@ -48,9 +51,11 @@ class OnnxRuntimeModel(kserve.Model):
         self.ready = True
         return self.ready
 
+    def run(self, feeds: dict) -> list:
+        return self.session.run(self.output_names, feeds)
+
     def predict(self, payload: InferRequest, headers=None) -> InferResponse:
-        feeds = {i.name: i.as_numpy() for i in payload.inputs}
-        results = self.session.run(self.output_names, feeds)
+        results = self.run({i.name: i.as_numpy() for i in payload.inputs})
         outputs = []
         for name, value in zip(self.output_names, results):
             output = InferOutput(name=name, shape=list(value.shape), datatype=from_np_dtype(value.dtype))
@@ -66,8 +71,24 @@ class OnnxRuntimeModel(kserve.Model):
         )
 
 
+class XGBoostModel(OnnxRuntimeModel):
+    def load(self) -> bool:
+        import xgboost as xgb
+
+        self.booster = xgb.Booster()
+        self.booster.load_model(self.path)
+        self.booster.set_param({"nthread": 1})
+        self.output_names = ["output__0"]
+        self.ready = True
+        return self.ready
+
+    def run(self, feeds: dict) -> list:
+        x = next(iter(feeds.values())).astype("float32", copy=False)
+        return [self.booster.inplace_predict(x, validate_features=False).astype("float32").reshape(-1, 1)]
+
+
 if __name__ == "__main__":
-    models = [OnnxRuntimeModel(name, path) for name, path in MODELS]
+    models = [(XGBoostModel if path.endswith(".json") else OnnxRuntimeModel)(name, path) for name, path in MODELS]
     server = kserve.ModelServer(enable_latency_logging=False)
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     server.start(models)

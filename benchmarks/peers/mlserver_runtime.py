@@ -40,3 +40,22 @@ class OnnxRuntimeModel(MLModel):
             id=payload.id,
             outputs=[NumpyCodec.encode_output(name, value) for name, value in zip(self._output_names, results)],
         )
+
+
+class XGBoostBoosterModel(MLModel):
+    """An XGBoost JSON model (parameters.uri) answering `output__0` (the probability, one column),
+    the names Triton's FIL convention uses, so every server is driven with the same request."""
+
+    async def load(self) -> bool:
+        import xgboost as xgb
+
+        self._booster = xgb.Booster()
+        self._booster.load_model(self.settings.parameters.uri)
+        self._booster.set_param({"nthread": 1})
+        return True
+
+    async def predict(self, payload: InferenceRequest) -> InferenceResponse:
+        x = np.asarray(NumpyCodec.decode_input(payload.inputs[0]), dtype=np.float32)
+        y = self._booster.inplace_predict(x, validate_features=False).astype(np.float32).reshape(-1, 1)
+        return InferenceResponse(model_name=self.name, model_version=self.version, id=payload.id,
+                                 outputs=[NumpyCodec.encode_output("output__0", y)])

@@ -31,7 +31,7 @@ ADD_SUB_JSON = {
 }
 GPU_JSON = json.dumps({**ADD_SUB_JSON, "instance_group": [{"kind": "KIND_GPU"}]})
 UNREADABLE = {
-    "not JSON": ("{", "Expecting property name"),
+    "not JSON": ("{", "Failed to load JSON"),
     "unknown datatype": (json.dumps({**ADD_SUB_JSON, "input": [{"name": "INPUT0", "data_type": "TYPE_BOGUS"}]}), "TYPE_BOGUS"),
     "negative max_batch_size": (json.dumps({**ADD_SUB_JSON, "max_batch_size": -1}), "max_batch_size"),
     "another name": (json.dumps({**ADD_SUB_JSON, "name": "other"}), "does not match"),
@@ -111,7 +111,7 @@ def test_grpc_load_failures_carry_the_reason(server: RunningServer) -> None:
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         for config, code, prefix, detail in (
-            ("{", grpc.StatusCode.INTERNAL, "failed to load 'simple', failed to poll from model repository: ", "Expecting"),
+            ("{", grpc.StatusCode.INTERNAL, "failed to load 'simple', failed to poll from model repository: ", "Failed to load JSON"),
             (GPU_JSON, grpc.StatusCode.INVALID_ARGUMENT, "load failed for model 'simple': version 1 is at UNAVAILABLE state: ",
              "KIND_GPU"),
         ):

@@ -240,12 +240,60 @@ def test_request_parameters_and_reserved_keys(client: grpcclient.InferenceServer
     err = _rpc_error(stub.ModelInfer, request)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == (
-        "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+        "starting with 'triton_' are allowed: triton_enable_empty_final_response"
     )
     del request.parameters["triton_secret"]
     request.parameters["sequence_start"].string_param = "yes"
     err = _rpc_error(stub.ModelInfer, request)
     assert err.details() == "invalid value type for 'sequence_start' parameter, expected bool_param."
+
+
+def test_unary_infer_accepts_the_empty_final_response_flag(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+    """perf_analyzer sends `triton_enable_empty_final_response` on every ModelInfer; Triton 2.51 answers it."""
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    request = pb.ModelInferRequest(model_name="add_sub", raw_input_contents=[a.tobytes(), a.tobytes()])
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    for flag in (True, False):
+        request.parameters["triton_enable_empty_final_response"].bool_param = flag
+        response = stub.ModelInfer(request)
+        outputs = {o.name: np.frombuffer(raw, dtype=np.float32) for o, raw in zip(response.outputs, response.raw_output_contents)}
+        np.testing.assert_array_equal(outputs["OUTPUT0"], (a + a).ravel())
+        assert "triton_final_response" not in response.parameters
+    request.parameters["triton_enable_empty_final_response"].string_param = "true"
+    err = _rpc_error(stub.ModelInfer, request)
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.details() == "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."
+
+
+BAD_VERSION = "failed to get model version from specified version string '{}' (details: stol), version should be an integral value > 0"
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("wrong_specification", BAD_VERSION.format("wrong_specification")),
+    ("99999999999999999999", BAD_VERSION.format("99999999999999999999")),
+    ("-1", "invalid model version specified '-1' , version should be an integral value > 0"),
+])
+def test_bad_version_string_gets_tritons_text(stub: pb_grpc.GRPCInferenceServiceStub, version: str, message: str) -> None:
+    """Triton's grpc_explicit_int8_content_client.py matches this text; every per-model RPC gives it."""
+    a = np.ones((1, 16), dtype=np.float32)
+    request = pb.ModelInferRequest(model_name="add_sub", model_version=version, raw_input_contents=[a.tobytes(), a.tobytes()])
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+    calls = [
+        lambda: stub.ModelInfer(request),
+        lambda: stub.ModelMetadata(pb.ModelMetadataRequest(name="add_sub", version=version)),
+        lambda: stub.ModelConfig(pb.ModelConfigRequest(name="add_sub", version=version)),
+        lambda: stub.ModelReady(pb.ModelReadyRequest(name="add_sub", version=version)),
+        lambda: stub.ModelStatistics(pb.ModelStatisticsRequest(name="add_sub", version=version)),
+        lambda: stub.ModelInfer(pb.ModelInferRequest(model_name="no_such_model", model_version=version)),
+    ]
+    for call in calls:
+        err = _rpc_error(call)
+        assert (err.code(), err.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+    request.model_version = "1x"  # Triton reads the leading integer, like C's stol
+    assert len(stub.ModelInfer(request).outputs) == 2
 
 
 def test_core_validation_errors(client: grpcclient.InferenceServerClient) -> None:

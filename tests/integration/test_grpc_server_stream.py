@@ -180,7 +180,8 @@ def test_stream_reserved_parameters(stub: pb_grpc.GRPCInferenceServiceStub) -> N
     allowed.parameters["triton_enable_empty_final_response"].bool_param = False
     by_id = {r.infer_response.id: r for r in stub.ModelStreamInfer(iter([reserved, wrong_flag, allowed]))}
     assert by_id["r1"].error_message == (
-        "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+        "starting with 'triton_' are allowed: triton_enable_empty_final_response"
     )
     assert by_id["r2"].error_message == (
         "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."

@@ -291,6 +291,39 @@ def test_parameters(server):
     assert error_of(body) == (
         "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
     )
+    # Triton reads an integer outside int64 as a double; null, lists and objects are refused.
+    for value in (2**64 - 1, 2**63, -(2**63) - 1):
+        doc = dict(base, parameters={"big": value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert status == 200, body
+    for value in (None, [1], {"a": 1}):
+        doc = dict(base, parameters={"c": value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert (status, error_of(body)) == (400, "parameter 'c' has invalid type. It should be either 'int', 'bool', or 'string'.")
+    # Wrong types of the request-level keys: Triton's texts (Naiad answers 400 where Triton answers 500).
+    uint, boolean = "non-unsigned-integer as unsigned-integer", "non-boolean as boolean"
+    for key, value, kind in (("sequence_id", -1, "non-string as string"), ("sequence_id", 1.5, "non-string as string"),
+                             ("priority", -1, uint), ("timeout", "5", uint), ("sequence_start", 1, boolean),
+                             ("binary_data_output", 1, boolean)):
+        doc = dict(base, parameters={key: value})
+        status, _, body = call(server, "POST", "/v2/models/identity_int32/infer", json.dumps(doc).encode())
+        assert (status, error_of(body)) == (400, f"Unable to parse '{key}': attempt to access JSON {kind}")
+
+
+def test_version_strings_as_triton_reads_them(server):
+    """Digits only in the path (else 404 Not Found); digits past int64 get Triton's stol text (400)."""
+    doc = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "INT32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+    big = "99999999999999999999"
+    message = (f"failed to get model version from specified version string '{big}' (details: stol), "
+               "version should be an integral value > 0")
+    for method, suffix, body in (("POST", "/infer", doc), ("GET", "", None), ("GET", "/config", None),
+                                 ("GET", "/ready", None), ("GET", "/stats", None)):
+        status, _, answer = call(server, method, f"/v2/models/identity_int32/versions/{big}{suffix}", body)
+        assert (status, error_of(answer)) == (400, message), suffix
+        status, _, _ = call(server, method, f"/v2/models/identity_int32/versions/abc{suffix}", body)
+        assert status == 404, suffix
+    status, _, _ = call(server, "POST", "/v2/models/identity_int32/versions/1/infer", doc)
+    assert status == 200
 
 
 def test_statistics(client):

@@ -102,17 +102,18 @@ def test_streaming_metrics_against_each_endpoint(fake_llm, endpoint, tmp_path):
     assert len(raw) == 8 and all(len(r["response_timestamps"]) == 5 for r in raw)
 
 
-def test_cli_perf_llm_against_naiad_generate_stream(tmp_path):
+def test_cli_perf_llm_against_naiad_generate(tmp_path):
     repo = tmp_path / "repo"
     identity_model(repo, "text", "BYTES", [1], max_batch_size=0)
     with start_server(repo) as running:
         done = subprocess.run(
-            [sys.executable, "-m", "naiad", "perf", "--llm", "-m", "text", "-u", running.http_url, "--streaming",
+            [sys.executable, "-m", "naiad", "perf", "--llm", "-m", "text", "-u", running.http_url,
              "--input-name", "INPUT0", "--output-name", "OUTPUT0", "--request-count", "10", "--concurrency", "2",
              "--synthetic-input-tokens-mean", "12", "--artifact-dir", str(tmp_path / "art")],
             capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr + done.stdout
-    assert "Time To First Token (ms)" in done.stdout and "Request Throughput (per sec)" in done.stdout
+    assert "Request Latency (ms)" in done.stdout and "Request Throughput (per sec)" in done.stdout
+    assert "Time To First Token (ms)" not in done.stdout  # one answer per request: nothing streamed to time
     doc = json.loads((tmp_path / "art" / "profile_export_genai_perf.json").read_text())
     assert doc["request_count"]["avg"] == 10
     # the identity model echoes the prompt: output length == input length
@@ -123,4 +124,23 @@ def test_unreachable_server_fails_cleanly(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "naiad", "genai-perf", "profile", "-m", "x", "-u", "127.0.0.1:9", "--request-count", "2",
          "--artifact-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "no request succeeded" in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines()[-1].startswith("naiad genai-perf: error: all 2 requests failed")
+    assert "cannot connect to 127.0.0.1:9" in done.stderr
+
+
+def test_bad_inputs_are_one_error_line(tmp_path):
+    bad_json = tmp_path / "prompts.jsonl"
+    bad_json.write_text('{"text": "fine"}\nnot json\n')
+    cases = [
+        (["--tokenizer", str(tmp_path / "absent")], "--tokenizer " + str(tmp_path / "absent") + ": no such directory"),
+        (["--input-file", str(tmp_path / "absent.jsonl")], "No such file or directory"),
+        (["--input-file", str(bad_json)], "prompts.jsonl:2: not a JSON object"),
+    ]
+    for args, message in cases:
+        done = subprocess.run([sys.executable, "-m", "naiad", "genai-perf", "-m", "x", "-u", "127.0.0.1:9", *args,
+                               "--request-count", "1", "--artifact-dir", str(tmp_path / "art")],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        errors = [line for line in done.stderr.splitlines() if ": error: " in line]
+        assert len(errors) == 1 and errors[0].startswith("naiad genai-perf: error: ") and message in errors[0], errors

@@ -103,7 +103,8 @@ def test_constant_request_rate(server):
 def test_errors_are_reported(server, tmp_path):
     done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "missing", "-u", server.http_url, *QUICK],
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1 and "missing" in done.stderr
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("naiad perf: error: model 'missing' is not ready")
     with pytest.raises(PerfError, match="exceeds the model's max_batch_size"):
         run_perf(quiet(model="add_sub", url=server.http_url, batch_size=64), out=open("/dev/null", "w"))
 
@@ -127,11 +128,19 @@ def test_decoupled_model_over_grpc_streaming(tmp_path):
     with start_server(tmp_path / "repo") as running:
         with pytest.raises(PerfError, match="decoupled"):
             run_perf(quiet(model="counter", url=running.http_url, input_data=str(data)), out=open("/dev/null", "w"))
+        out = tmp_path / "out.txt"
         result = run_perf(quiet(model="counter", url=running.grpc_url, protocol="grpc", streaming=True,
-                                input_data=str(data)), out=open("/dev/null", "w"))
+                                input_data=str(data), csv_file=str(tmp_path / "pa.csv")), out=out.open("w"))
     m = result.levels[0].measurement
     assert m.count > 0 and m.responses == 3 * m.count
     assert result.client_completed == result.server_delta.success_count
+    # perf_analyzer's decoupled columns and lines: responses per second beside inferences per second
+    rows = list(csv.reader((tmp_path / "pa.csv").open()))
+    assert rows[0][:3] == ["Concurrency", "Inferences/Second", "Response Throughput"]
+    assert rows[0][3:] == HEADER.split(",")[2:]
+    assert float(rows[1][2]) == pytest.approx(3 * float(rows[1][1]), rel=0.01)
+    text = out.read_text()
+    assert "Response Throughput: " in text and "First response latency: avg " in text
 
 
 def test_collect_metrics_reads_the_prometheus_endpoint(server, tmp_path):
@@ -153,3 +162,36 @@ def test_cuda_shared_memory_is_explained():
     done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "add_sub", "--shared-memory", "cuda"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "needs a CUDA GPU" in done.stderr and "--shared-memory system" in done.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_wrong_protocol_or_port_is_said_in_one_line(server):
+    cases = [
+        ([ "-u", server.grpc_url], "answered with HTTP/2 (gRPC?): use -i grpc"),
+        (["-u", server.http_url, "-i", "grpc"], "answered with HTTP/1.1, not gRPC: drop -i grpc"),
+        (["-u", f"127.0.0.1:{_free_port()}"], "nothing is listening on 127.0.0.1:"),
+        (["-u", server.http_url, "--shape", "INPUT0:x"], "naiad perf: error: "),
+    ]
+    for args, message in cases:
+        done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "add_sub", *args, *QUICK],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (args, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("naiad perf: error: ") and message in lines[0], (args, lines)
+    assert HttpControl(server.http_url).ready()  # the server kept serving
+
+
+def test_progress_lines_when_not_on_a_terminal(server):
+    done = subprocess.run([sys.executable, "-m", "naiad", "perf", "-m", "add_sub", "-u", server.http_url, *QUICK],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    progress = [line for line in done.stderr.splitlines() if line.startswith("naiad perf: ")]
+    assert progress and progress[0].startswith("naiad perf: concurrency 1 |")
+    assert "\r" not in done.stderr  # plain lines for a log, no in-place rewriting

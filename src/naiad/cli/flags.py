@@ -160,11 +160,20 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="gRPC port (inference.GRPCInferenceService); 0 picks a free port")
     parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=d.grpc_server_impl,
                         help="gRPC server implementation: grpcio's grpc.aio (default) or Naiad's own HTTP/2 "
-                        "server; the own server is opt-in until it withstands the attacks listed in "
-                        "docs/security.md (rapid reset, frame floods, unread writes, compression bombs)")
+                        "server (about twice as fast per call), opt-in until its defences against the attacks listed "
+                        "in docs/security.md (rapid reset, frame floods, unread writes, compression bombs) are "
+                        "measured side by side with grpcio")
     parser.add_argument("--grpc-incomplete-request-timeout-secs", type=parse_positive_secs,
                         default=d.grpc_incomplete_request_timeout_secs, metavar="SECS",
-                        help="reset a gRPC call whose request stops arriving half-way for this long; "
+                        help="reset a gRPC call whose request stops arriving half-way for this long (and close a "
+                        "connection stuck in a partial frame or its preface, or whose client reads nothing); "
+                        "Naiad's gRPC server only")
+    parser.add_argument("--grpc-max-message-size", type=parse_size, default=d.grpc_max_message_size, metavar="BYTES",
+                        help="largest gRPC request message accepted, in bytes; larger ones fail RESOURCE_EXHAUSTED "
+                        "(default 2147483647, as Triton; both gRPC servers)")
+    parser.add_argument("--grpc-max-decompressed-size", type=parse_size, default=d.grpc_max_decompressed_size,
+                        metavar="BYTES", help="largest size a compressed (grpc-encoding gzip/deflate) request message "
+                        "may inflate to, in bytes; larger ones fail RESOURCE_EXHAUSTED (default 64 MiB); "
                         "Naiad's gRPC server only")
     _bool_flag(parser, "--allow-metrics", d.allow_metrics, "serve Prometheus metrics")
     parser.add_argument("--metrics-address", default=None, metavar="ADDRESS",
@@ -329,6 +338,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         grpc_port=args.grpc_port,
         grpc_server_impl=args.grpc_server_impl,
         grpc_incomplete_request_timeout_secs=args.grpc_incomplete_request_timeout_secs,
+        grpc_max_message_size=args.grpc_max_message_size,
+        grpc_max_decompressed_size=args.grpc_max_decompressed_size,
         allow_metrics=args.allow_metrics,
         metrics_address=_metrics_address(args),
         metrics_port=args.metrics_port,

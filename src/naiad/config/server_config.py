@@ -42,6 +42,9 @@ class ServerConfig:
     grpc_server_impl: str = "grpcio"
     # Naiad's server: a call whose request stops arriving half-way (or a partial frame, a missing preface) is reset
     grpc_incomplete_request_timeout_secs: float = 30.0
+    grpc_max_message_size: int = 2**31 - 1  # largest request message (declared length), as Triton
+    # Naiad's server: what a compressed request message may inflate to (a gzip bomb's limit)
+    grpc_max_decompressed_size: int = 1 << 26
     # cloud frontends (they listen on http_address)
     allow_sagemaker: bool = False
     sagemaker_port: int = 8080

@@ -31,14 +31,9 @@ from naiad.core.model_loader import (
 from naiad.core.model_residency import ResidencyManager
 from naiad.core.model_version import ModelVersion
 from naiad.core.model_warmup import warm_up
-from naiad.protocol.errors import (
-    ErrorCode,
-    NaiadError,
-    internal,
-    invalid_arg,
-    not_found,
-)
+from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
 from naiad.protocol.model_names import check_model_name
+from naiad.protocol.model_versions import parse_model_version
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
 from naiad.repository.local import version_directories
 from naiad.runtime.memory import release_free_memory, rss_bytes
@@ -145,16 +140,15 @@ class ModelLifecycle:
 
     def lookup(self, name: str, version: str = "") -> ModelVersion:
         """The version serving a request: the given one, else the highest READY one."""
+        number = parse_model_version(version)  # like Triton, a bad version string fails before the name
         record = self.records.get(name)
         if record is None or not record.versions:
             raise not_found(f"Request for unknown model: '{name}' is not found")
         ready = record.ready()
-        if version:
-            if not version.isdigit():
-                raise invalid_arg(f"failed to parse model version '{version}' for model '{name}'")
-            model = ready.get(int(version))
+        if number is not None:
+            model = ready.get(number)
             if model is None:
-                raise not_found(f"Request for unknown model: '{name}' version {version} is not found")
+                raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
             return model
         if not ready:
             raise not_found(f"Request for unknown model: '{name}' has no available versions")

@@ -44,12 +44,8 @@ from naiad.protocol.errors import (
     unavailable,
     unsupported,
 )
-from naiad.protocol.types import (
-    InferenceRequest,
-    InferenceResponse,
-    InferInput,
-    RequestedOutput,
-)
+from naiad.protocol.model_versions import parse_model_version
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 from naiad.scheduling.base import WorkItem
 from naiad.scheduling.rate_limiter import RateLimiter
@@ -464,12 +460,13 @@ class Server:
                 for _, loaded in sorted(each.ready().items()):
                     stats.append(loaded.stats.as_dict())
             return {"model_stats": stats}
+        number = parse_model_version(version)
         record = self.models.records.get(name)
         ready = record.ready() if record is not None else {}
         if not ready:
             raise invalid_arg(f"requested model '{name}' is not available")
-        if version:
-            model = ready.get(int(version)) if version.isdigit() else None
+        if number is not None:
+            model = ready.get(number)
             if model is None:
                 raise invalid_arg(f"requested model version is not available for model '{name}'")
             return {"model_stats": [model.stats.as_dict()]}

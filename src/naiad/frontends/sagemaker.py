@@ -279,7 +279,14 @@ class SageMakerApp:
     async def _load_directory(self, directory: Path, name: str) -> None:
         loop = asyncio.get_running_loop()
         config_json, files = await loop.run_in_executor(None, read_model_directory, directory, name)
-        await self.server.load_model(name, config_json=config_json, files=files)
+        try:
+            await self.server.load_model(name, config_json=config_json, files=files)
+        except NaiadError as exc:
+            # The repository API answers an unreadable model 500 (Triton's poll failure); for SageMaker the
+            # archive is the client's: a load failure is a 400 (507 when memory ran out, in error_status).
+            if exc.code is ErrorCode.INTERNAL:
+                raise invalid_arg(exc.message) from None
+            raise
 
     async def _unload_quietly(self, names: list[str]) -> None:
         for name in reversed(names):

@@ -8,8 +8,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from naiad.tools.errors import ToolError
 
-class ServerError(RuntimeError):
+
+class ServerError(ToolError):
     """The server answered with an error (message as the server wrote it)."""
 
 
@@ -161,8 +163,10 @@ class HttpControl:
     def unregister_system_shm(self, name: str) -> None:
         self._ok("POST", f"/v2/systemsharedmemory/region/{name}/unregister")
 
-    def load(self, model: str) -> None:
-        self._ok("POST", f"/v2/repository/models/{model}/load", {})
+    def load(self, model: str, config_json: str = "") -> None:
+        """Load (or reload) a model; `config_json` overrides its config.pbtxt (Triton's "config" parameter)."""
+        body = {"parameters": {"config": config_json}} if config_json else {}
+        self._ok("POST", f"/v2/repository/models/{model}/load", body)
 
     def infer_json(self, model: str, inputs: list[tuple[str, str, Any]]) -> dict[str, Any]:
         """One inference with JSON tensors: inputs are (name, datatype, numpy array); returns name -> numpy array."""

@@ -306,22 +306,45 @@ def test_request_parameters() -> None:
         ("sequence_start", "int64_param", "invalid value type for 'sequence_start' parameter, expected bool_param."),
         ("priority", "string_param", "invalid value type for 'priority' parameter, expected int64_param or uint64_param."),
         ("timeout", "double_param", "invalid value type for 'timeout' parameter, expected int64_param."),
+        ("timeout", "uint64_param", "invalid value type for 'timeout' parameter, expected int64_param."),
+        ("sequence_id", "uint64_param", "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+        ("priority", "int64_param", "invalid value for 'priority', expected value >= 0."),
+        ("custom", "uint64_param", "invalid value type for 'custom' parameter, expected int64_param, bool_param, or string_param."),
         ("triton_anything", "bool_param", RESERVED_PREFIX_MESSAGE),
-        ("triton_enable_empty_final_response", "bool_param", RESERVED_PREFIX_MESSAGE),
+        ("triton_final_response", "bool_param", RESERVED_PREFIX_MESSAGE),
+        ("triton_enable_empty_final_response", "int64_param",
+         "invalid value type for 'triton_enable_empty_final_response' parameter, expected bool_param."),
     ],
 )
 def test_bad_request_parameters(key: str, setter: str, message: str) -> None:
     request = _request(_tensor("A", "INT8", [1]), raw=[b"\1"])
-    value = {"bool_param": True, "int64_param": 1, "string_param": "x", "double_param": 1.5}[setter]
+    value = {"bool_param": True, "int64_param": 1, "string_param": "x", "double_param": 1.5, "uint64_param": 1}[setter]
+    if (key, setter) == ("priority", "int64_param"):
+        value = -1
     setattr(request.parameters[key], setter, value)
     err = _error(decode_infer_request, request, None)
     assert err.code is ErrorCode.INVALID_ARG and err.message == message
 
 
-def test_empty_final_flag_allowed_on_streams() -> None:
+def test_reserved_prefix_message_is_tritons_grpc_text() -> None:
+    assert RESERVED_PREFIX_MESSAGE == (
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys starting "
+        "with 'triton_' are allowed: triton_enable_empty_final_response"
+    )
+
+
+def test_negative_sequence_id_and_timeout_read_as_triton_reads_them() -> None:
+    request = _request(_tensor("A", "INT8", [1]), raw=[b"\1"])
+    request.parameters["sequence_id"].int64_param = -1
+    request.parameters["timeout"].int64_param = -5
+    decoded = decode_infer_request(request, None)
+    assert (decoded.sequence_id, decoded.timeout_us) == ((1 << 64) - 1, 0)
+
+
+def test_empty_final_flag_allowed_on_unary_and_streams() -> None:
     request = _request(_tensor("A", "INT8", [1]), raw=[b"\1"])
     request.parameters["triton_enable_empty_final_response"].bool_param = True
-    decoded = decode_infer_request(request, None, frozenset({"triton_enable_empty_final_response"}))
+    decoded = decode_infer_request(request, None)
     assert decoded.parameters == {}
     assert empty_final_response_flag(request.parameters) is True
     request.parameters["triton_enable_empty_final_response"].int64_param = 1

@@ -517,11 +517,12 @@ def test_infer_errors_and_messages(client: grpcclient.InferenceServerClient, stu
 
     reserved = pb.ModelInferRequest(model_name="echo", raw_input_contents=[b"\0"])
     reserved.inputs.add(name="A", datatype="INT8", shape=[1])
-    reserved.parameters["triton_enable_empty_final_response"].bool_param = True
+    reserved.parameters["triton_final_response"].bool_param = True
     err = _rpc_error(stub.ModelInfer, reserved)
     assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert err.details() == (
-        "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys "
+        "starting with 'triton_' are allowed: triton_enable_empty_final_response"
     )
 
 

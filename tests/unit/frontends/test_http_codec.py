@@ -154,6 +154,13 @@ def test_out_of_range_parameters_refused():
     assert request.parameters == {"custom": 9.223372036854776e18} and isinstance(request.parameters["custom"], float)
 
 
+def test_integer_parameter_outside_int64_is_a_double():
+    body = b'{"inputs": [], "parameters": {"custom": 9223372036854775808, "small": -9223372036854775809}}'
+    request, _ = decode_infer_request(SERVER, "m", "", body, None)
+    assert request.parameters == {"custom": 9223372036854775808.0, "small": -9223372036854775809.0}
+    assert all(type(v) is float for v in request.parameters.values())
+
+
 def test_truncated_and_trailing_binary():
     doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2], "parameters": {"binary_data_size": 8}}]}
     with pytest.raises(NaiadError, match=r"^unexpected size for input 'X', expecting 4 additional bytes for model 'm'$"):

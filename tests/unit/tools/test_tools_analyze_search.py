@@ -141,7 +141,8 @@ def test_summary_and_html_report(tmp_path):
     for svg in page.split("<svg")[1:]:
         xml.dom.minidom.parseString("<svg" + svg.split("</svg>")[0] + "</svg>")  # well-formed
     rows = (tmp_path / "r.csv").read_text().splitlines()
-    assert rows[0].startswith("Model,Model Config Path,Instance Count,Max Batch Size,Dynamic Batching,Concurrency")
+    assert rows[0].startswith("Model,Batch,Concurrency,Model Config Path,Instance Group,Max Batch Size,"
+                              "Satisfies Constraints,Throughput (infer/sec),p99 Latency (ms),")  # Model Analyzer's
     assert len(rows) == 1 + sum(len(r.measurements) for r in results)
 
 

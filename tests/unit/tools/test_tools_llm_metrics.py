@@ -5,7 +5,10 @@ import pytest
 from naiad.tools.llm.client import RequestRecord
 from naiad.tools.llm.endpoints import EndpointSpec, EventError, SseDecoder, parse_event
 from naiad.tools.llm.metrics import compute_metrics
-from naiad.tools.llm.prompts import Prompt, approximate_token_count, synthetic_prompts
+from naiad.tools.llm.prompts import Prompt, synthetic_prompts
+from naiad.tools.llm.tokenizer import ApproximateTokenizer
+
+approximate_token_count = ApproximateTokenizer().count
 
 MS = 1_000_000
 
@@ -68,5 +71,5 @@ def test_sse_and_endpoint_parsing():
     assert completions.text_of({"choices": [{"text": "yo"}]}) == "yo"
     generate = EndpointSpec("generate", "m", True, extra_inputs={"temperature": 0.1})
     assert generate.path() == "/v2/models/m/generate_stream"
-    assert generate.body(Prompt("p", 1, 4)) == {"text_input": "p", "max_tokens": 4, "temperature": 0.1}
+    assert generate.body(Prompt("p", 1, 4)) == {"text_input": "p", "stream": True, "max_tokens": 4, "temperature": 0.1}
     assert generate.text_of({"text_output": ["a", "b"]}) == "ab"

@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import grpc
+
+from naiad.frontends.grpc.h2_wire import Compressed
 
 logger = logging.getLogger(__name__)
 
@@ -118,23 +120,26 @@ class CallContext:
 class RequestStream:
     """Inbound messages of a client-streaming call, as an async iterator of decoded requests.
 
-    `on_consumed` is called after each message is taken, so the connection can reopen the
-    stream's flow-control window once the handler keeps up.
+    `on_consumed(size)` is called after each message is taken (with its size on the wire), so the
+    connection can stop holding those bytes and reopen the stream's flow-control window once the
+    handler keeps up. Compressed messages are inflated by `inflate` when taken.
     """
 
-    __slots__ = ("_items", "_waiter", "_deserialize", "_on_consumed", "_error")
+    __slots__ = ("_items", "_waiter", "_deserialize", "_on_consumed", "_inflate", "_error")
 
-    def __init__(self, deserialize: Callable[[bytes], Any], on_consumed: Callable[[], None]) -> None:
+    def __init__(self, deserialize: Callable[[bytes], Any], on_consumed: Callable[[int], None],
+                 inflate: Callable[[bytes], Awaitable[bytes | bytearray | memoryview]]) -> None:
         self._items: collections.deque[Any] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._deserialize = deserialize
         self._on_consumed = on_consumed
+        self._inflate = inflate
         self._error: BaseException | None = None
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, message: bytes) -> None:
+    def put(self, message: bytes | Compressed) -> None:
         self._items.append(message)
         self._wake()
 
@@ -165,7 +170,9 @@ class RequestStream:
                 raise self._error
             raise StopAsyncIteration
         self._items.popleft()
-        self._on_consumed()
+        self._on_consumed(5 + len(item))
+        if isinstance(item, Compressed):
+            item = await self._inflate(item.data)
         return self._deserialize(item)
 
     async def read(self) -> Any:

@@ -3,11 +3,17 @@
 Reading: frames are split straight out of `data_received`; HEADERS open a call, DATA is cut
 into length-prefixed gRPC messages. Writing: every frame goes to one list that is written
 with a single `transport.write` per event-loop turn. Flow control is honoured both ways.
+
+What one client may cost is bounded (h2_limits): streams reset early and frames that carry no
+request spend per-connection budgets (GOAWAY ENHANCE_YOUR_CALM when one runs out); at most
+FRAMES_PER_TURN frames are handled per event-loop turn; reading stops while the client does not
+read what was written to it; receive windows reopen only as request bytes are taken by calls.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 import struct
@@ -17,6 +23,7 @@ from typing import TYPE_CHECKING
 import grpc
 import hpack
 
+from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.h2_call import CallContext, RequestStream
 from naiad.frontends.grpc.h2_stream import Stream
@@ -56,7 +63,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._flush_scheduled = False
         self._decoder = w.HeaderDecoder(MAX_HEADER_LIST)
         self._headers_sid = 0            # stream whose header block continues in CONTINUATION frames
-        self._headers_block = b""
+        self._headers_block = bytearray()
         self._headers_end_stream = False
         self._last_sid = 0
         self._send_window = w.DEFAULT_WINDOW
@@ -75,6 +82,22 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._watch_handle: asyncio.TimerHandle | None = None
         self.peer = ""
         self.auth: dict[str, list[bytes]] | None = None
+        self.handlers = 0                # call handlers started and not yet ended (reset streams' included)
+        self._settings_seen = False      # the client's first frame must be SETTINGS (RFC 9113 3.4)
+        self._resets = lim.TokenBucket(lim.RESET_BURST, lim.RESET_RATE, self._started)
+        self._cheap = lim.TokenBucket(lim.CHEAP_FRAME_BURST, lim.CHEAP_FRAME_RATE, self._started)
+        self._reset_order: collections.deque[int] = collections.deque()
+        self._reset_sids: set[int] = set()
+        self._held = 0                   # request bytes held for calls (sum of Stream.held)
+        self._largest: Stream | None = None  # past HELD_BYTES_LIMIT, only this stream's bytes reopen the window
+        self._exempt = 0                 # bytes received for it since
+        self.inflations = 0              # compressed messages waiting for or in inflation
+        self._inflate_gate = asyncio.Semaphore(1)  # large inflations: one at a time per connection
+        self._ready: list[Stream] = []   # unary calls whose request is complete, started after the frame batch
+        self._sent_data = False          # DATA written since the client's last WINDOW_UPDATE
+        self._yielded = False            # frames left for a later event-loop turn (fairness)
+        self._reading_paused = False
+        self._paused_at = 0.0
 
     # ------------------------------------------------------------------ asyncio.Protocol
 
@@ -109,12 +132,27 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._paused = True
+        self._paused_at = self.loop.time()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self._paused = False
         if self._resume is not None and not self._resume.done():
             self._resume.set_result(None)
         self._resume = None
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        """Read only while the client reads what we write and no frames wait for a later turn."""
+        if self._closed or self.transport is None:
+            return
+        pause = self._yielded or self._paused
+        if pause != self._reading_paused:
+            self._reading_paused = pause
+            if pause:
+                self.transport.pause_reading()
+            else:
+                self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
         if self._closed:
@@ -124,9 +162,19 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             data = self._check_preface(data)
             if data is None:
                 return
+        self._rbuf += data
+        if not self._yielded:  # else a later turn is already set to go on with the buffer
+            self._process()
+
+    def _process_later(self) -> None:
+        if not self._closed:
+            self._process()
+
+    def _process(self) -> None:
+        """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them."""
+        self._yielded = False
         buf = self._rbuf
-        buf += data
-        pos, end = 0, len(buf)
+        pos, end, frames = 0, len(buf), 0
         max_frame = w.DEFAULT_FRAME_SIZE
         try:
             while end - pos >= 9:
@@ -135,10 +183,15 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     raise ConnectionError_(w.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 if end - pos - 9 < length:
                     break
+                if frames >= lim.FRAMES_PER_TURN or pos >= lim.BYTES_PER_TURN:
+                    self._yielded = True  # the other connections get their turn first
+                    self.loop.call_soon(self._process_later)
+                    break
                 ftype, flags = buf[pos + 3], buf[pos + 4]
                 sid = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
                 payload = bytes(buf[pos + 9:pos + 9 + length])
                 pos += 9 + length
+                frames += 1
                 self._on_frame(ftype, flags, sid, payload)
                 if self._closed:
                     return
@@ -152,7 +205,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         finally:
             if pos:
                 del buf[:pos]
+        if self._ready:
+            self._start_ready()
         self._flush()
+        self._update_reading()
 
     def _check_preface(self, data: bytes) -> bytes | None:
         start = len(w.PREFACE) - self._preface_left
@@ -170,6 +226,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _on_frame(self, ftype: int, flags: int, sid: int, payload: bytes) -> None:
         if self._headers_sid and ftype != w.CONTINUATION:
             raise ConnectionError_(w.PROTOCOL_ERROR, "expected CONTINUATION")
+        if not self._settings_seen:
+            if ftype != w.SETTINGS or flags & w.ACK:
+                raise ConnectionError_(w.PROTOCOL_ERROR, "the connection preface must be followed by SETTINGS")
+            self._settings_seen = True
         if ftype == w.DATA:
             self._on_data(flags, sid, payload)
         elif ftype == w.HEADERS:
@@ -177,12 +237,14 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         elif ftype == w.CONTINUATION:
             if sid == 0 or sid != self._headers_sid:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "unexpected CONTINUATION")
+            self._spend_cheap()
             self._headers_block += payload
             if len(self._headers_block) > MAX_HEADER_BLOCK:
                 raise ConnectionError_(w.ENHANCE_YOUR_CALM, "header block too large")
             if flags & w.END_HEADERS:
-                self._headers_sid = 0
-                self._on_header_block(sid, self._headers_block, self._headers_end_stream)
+                block = bytes(self._headers_block)
+                self._headers_sid, self._headers_block = 0, bytearray()
+                self._on_header_block(sid, block, self._headers_end_stream)
         elif ftype == w.WINDOW_UPDATE:
             self._on_window_update(sid, payload)
         elif ftype == w.SETTINGS:
@@ -190,28 +252,59 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         elif ftype == w.PING:
             if sid != 0 or len(payload) != 8:
                 raise ConnectionError_(w.FRAME_SIZE_ERROR if sid == 0 else w.PROTOCOL_ERROR, "bad PING")
+            self._spend_cheap()
             if not flags & w.ACK:
                 self._write(w.frame(w.PING, w.ACK, 0, payload))
         elif ftype == w.RST_STREAM:
-            if sid == 0 or len(payload) != 4:
-                raise ConnectionError_(w.PROTOCOL_ERROR, "bad RST_STREAM")
-            stream = self.streams.pop(sid, None)
-            if stream is not None:
-                self._cancel(stream)
-                self._maybe_close_drained()
+            self._on_rst_stream(sid, payload)
         elif ftype == w.GOAWAY:
+            self._spend_cheap()
             self._draining = True
             self._maybe_close_drained()
         elif ftype == w.PRIORITY:
             if sid == 0 or len(payload) != 5:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "bad PRIORITY")
+            self._spend_cheap()
         elif ftype == w.PUSH_PROMISE:
             raise ConnectionError_(w.PROTOCOL_ERROR, "clients may not push")
-        # unknown frame types are ignored (RFC 9113 4.1)
+        else:
+            self._spend_cheap()  # unknown frame types are ignored (RFC 9113 4.1), within the budget
+
+    def _spend_cheap(self) -> None:
+        if not self._cheap.take(self._last_rx):
+            raise ConnectionError_(w.ENHANCE_YOUR_CALM, "too many control frames")
+
+    def _spend_reset(self) -> None:
+        if not self._resets.take(self._last_rx):
+            raise ConnectionError_(w.ENHANCE_YOUR_CALM, "too many streams reset")
+
+    def _remember_reset(self, sid: int) -> None:
+        """A stream we reset: frames the client sent before it saw the reset are ignored."""
+        order = self._reset_order
+        if len(order) >= lim.RECENT_RESETS:
+            self._reset_sids.discard(order.popleft())
+        order.append(sid)
+        self._reset_sids.add(sid)
+
+    def _on_rst_stream(self, sid: int, payload: bytes) -> None:
+        if sid == 0 or len(payload) != 4:
+            raise ConnectionError_(w.PROTOCOL_ERROR, "bad RST_STREAM")
+        if sid > self._last_sid:
+            raise ConnectionError_(w.PROTOCOL_ERROR, "RST_STREAM on an idle stream")
+        stream = self.streams.pop(sid, None)
+        if stream is None:
+            self._spend_cheap()
+            return
+        answered = stream.finished
+        self._cancel(stream)
+        self._maybe_close_drained()
+        if not answered:  # opened, then reset before its answer: rapid reset (CVE-2023-44487) when frequent
+            self._spend_reset()
 
     def _on_settings(self, flags: int, sid: int, payload: bytes) -> None:
         if sid != 0:
             raise ConnectionError_(w.PROTOCOL_ERROR, "SETTINGS on a stream")
+        self._spend_cheap()
         if flags & w.ACK:
             if payload:
                 raise ConnectionError_(w.FRAME_SIZE_ERROR, "SETTINGS ACK with a payload")
@@ -227,6 +320,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                 self._peer_initial_window = value
                 for stream in self.streams.values():
                     stream.send_window += delta
+                    if stream.send_window > w.MAX_WINDOW:  # RFC 9113 6.9.2
+                        raise ConnectionError_(w.FLOW_CONTROL_ERROR, "SETTINGS_INITIAL_WINDOW_SIZE overflows a window")
             elif key == w.S_MAX_FRAME_SIZE:
                 if not w.DEFAULT_FRAME_SIZE <= value <= 0xFFFFFF:
                     raise ConnectionError_(w.PROTOCOL_ERROR, "bad SETTINGS_MAX_FRAME_SIZE")
@@ -240,6 +335,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if len(payload) != 4:
             raise ConnectionError_(w.FRAME_SIZE_ERROR, "bad WINDOW_UPDATE")
         increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if not self._sent_data:  # nothing of ours to acknowledge: a control frame like any other
+            self._spend_cheap()
+        self._sent_data = False
         if sid == 0:
             if increment == 0:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "WINDOW_UPDATE of 0")
@@ -250,6 +348,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             return
         stream = self.streams.get(sid)
         if stream is None:
+            if sid > self._last_sid:
+                raise ConnectionError_(w.PROTOCOL_ERROR, "WINDOW_UPDATE on an idle stream")
             return
         if increment == 0 or stream.send_window + increment > w.MAX_WINDOW:
             self._reset(stream, w.PROTOCOL_ERROR if increment == 0 else w.FLOW_CONTROL_ERROR)
@@ -272,7 +372,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             raise ConnectionError_(w.PROTOCOL_ERROR, "bad padding")
         block = payload[start:end] if (start or end != len(payload)) else payload
         if not flags & w.END_HEADERS:
-            self._headers_sid, self._headers_block = sid, block
+            self._headers_sid, self._headers_block = sid, bytearray(block)
             self._headers_end_stream = bool(flags & w.END_STREAM)
             return
         self._on_header_block(sid, block, bool(flags & w.END_STREAM))
@@ -284,20 +384,23 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             raise ConnectionError_(w.COMPRESSION_ERROR, f"HPACK: {exc}") from None
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only END_STREAM matters
-            if end_stream:
+            if end_stream and not stream.recv_closed:
                 self._end_of_requests(stream)
             return
         if sid <= self._last_sid:
-            return  # a stream we already closed
+            if sid in self._reset_sids:
+                return  # sent before the client saw our RST_STREAM
+            raise ConnectionError_(w.PROTOCOL_ERROR, f"HEADERS for stream {sid}: stream ids must increase")
         if not sid & 1:
             raise ConnectionError_(w.PROTOCOL_ERROR, "even stream id from a client")
         self._last_sid = sid
-        if self._draining:
-            self._write(w.rst_stream(sid, w.REFUSED_STREAM))
-            return
         limit = self.server.max_concurrent_streams
-        if limit and len(self.streams) >= limit:
+        # Handlers of reset streams count until they end, so resets cannot start more work than the limit.
+        if self._draining or (limit and (len(self.streams) >= limit or self.handlers >= limit)):
             self._write(w.rst_stream(sid, w.REFUSED_STREAM))
+            self._remember_reset(sid)
+            if not self._draining:
+                self._spend_reset()
             return
         self._open_call(sid, head, end_stream)
 
@@ -309,10 +412,6 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if self._recv_window < 0:
             raise ConnectionError_(w.FLOW_CONTROL_ERROR, "connection window exceeded")
         self._recv_unacked += size
-        if self._recv_unacked >= RECV_CONN_WINDOW // 2:
-            self._write(w.window_update(0, self._recv_unacked))
-            self._recv_window += self._recv_unacked
-            self._recv_unacked = 0
         if flags & w.PADDED:
             if not payload or payload[0] >= size:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "bad padding")
@@ -321,29 +420,77 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if stream is None or stream.recv_closed:
             if sid > self._last_sid:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "DATA on an idle stream")
-            return  # data for a call already answered or reset: its window is given back above
+            if not size:
+                self._spend_cheap()
+            self._credit_connection()  # data for a call already answered or reset: its window is given back
+            return
+        if not size and not flags & w.END_STREAM:
+            self._spend_cheap()
         stream.recv_window -= size
         if stream.recv_window < 0:
             self._reset(stream, w.FLOW_CONTROL_ERROR)
+            self._credit_connection()
+            self._spend_reset()
             return
         stream.recv_unacked += size
         stream.last_rx = self._last_rx
         if payload and not stream.finished:
             self._take_messages(stream, payload)
+            if self._held > lim.HELD_BYTES_LIMIT and stream is self._favoured():
+                self._exempt += size
         if flags & w.END_STREAM:
             self._end_of_requests(stream)
-        elif stream.recv_unacked >= RECV_STREAM_WINDOW // 2:
+        else:
             self._credit(stream)
+        if self._recv_unacked >= RECV_CONN_WINDOW // 2 or self._held > lim.HELD_BYTES_LIMIT:
+            self._credit_connection()
 
     def _credit(self, stream: Stream) -> None:
-        """Reopen a stream's receive window (held shut while its handler lags behind)."""
-        if stream.recv_closed or not stream.recv_unacked:
+        """Reopen a stream's receive window: while its unary request is incomplete, or while the handler
+        of a streaming call keeps up with the messages it was sent."""
+        if stream.recv_closed or stream.finished or stream.recv_unacked < RECV_STREAM_WINDOW // 2:
             return
-        if stream.requests is not None and len(stream.requests) > QUEUED_REQUESTS_LIMIT:
+        requests = stream.requests
+        if requests is None:
+            if stream.message is not None:
+                return  # the one request message is in: nothing more may come
+        elif len(requests) and (len(requests) > QUEUED_REQUESTS_LIMIT or stream.held > RECV_STREAM_WINDOW):
             return
         self._write(w.window_update(stream.sid, stream.recv_unacked))
         stream.recv_window += stream.recv_unacked
         stream.recv_unacked = 0
+
+    def _credit_connection(self) -> None:
+        """Reopen the connection's receive window while the bytes held for calls stay under the limit;
+        past it, only for what arrived for the stream holding the most (so its message completes)."""
+        if self._held <= lim.HELD_BYTES_LIMIT:
+            grant = self._recv_unacked
+            if grant < RECV_CONN_WINDOW // 2:
+                return
+            self._exempt = 0
+        else:
+            grant = min(self._exempt, self._recv_unacked)
+            if grant <= 0 or (grant < RECV_STREAM_WINDOW // 2 and self._recv_window >= RECV_STREAM_WINDOW // 2):
+                return  # small grants only once the client is nearly out of window
+            self._exempt -= grant
+        self._write(w.window_update(0, grant))
+        self._recv_window += grant
+        self._recv_unacked -= grant
+
+    def _favoured(self) -> Stream | None:
+        """The stream holding the most request bytes (kept until it holds none)."""
+        favoured = self._largest
+        if favoured is None or not favoured.held or self.streams.get(favoured.sid) is not favoured:
+            favoured = self._largest = max(self.streams.values(), key=_held_of, default=None)
+        return favoured
+
+    def _taken(self, stream: Stream, size: int) -> None:
+        """`size` request bytes of the stream left the connection's care (taken by the call, or dropped)."""
+        size = min(size, stream.held)
+        stream.held -= size
+        self._held -= size
+        self._credit(stream)
+        self._credit_connection()
         self._flush_soon()
 
     # ------------------------------------------------------------------ calls
@@ -385,17 +532,24 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         stream.counted = True
         stream.handler = handler
         if handler.request_streaming:
-            stream.requests = RequestStream(handler.request_deserializer or _raw, lambda: self._credit(stream))
+            stream.requests = RequestStream(handler.request_deserializer or _raw,
+                                            lambda size: self._taken(stream, size),
+                                            lambda data: self._inflate_streamed(stream, data))
+            self.handlers += 1
             stream.task = self.loop.create_task(self.server.run_call(self, stream, stream.requests))
+            stream.task.add_done_callback(self.handler_done)
             if end_stream:
                 stream.requests.close()
         elif end_stream:
             self.finish(stream, grpc.StatusCode.INTERNAL, "Missing request message")
 
     def _take_messages(self, stream: Stream, payload: bytes) -> None:
+        stream.held += len(payload)
+        self._held += len(payload)
+        limit = self.server.max_message_size
         buf = stream.buf
         if buf is None:
-            if len(payload) >= 5 and int.from_bytes(payload[1:5], "big") == len(payload) - 5:
+            if len(payload) >= 5 and int.from_bytes(payload[1:5], "big") == len(payload) - 5 <= limit:
                 self._message(stream, payload[0], payload[5:])  # the common case: one whole message
                 return
             buf = stream.buf = bytearray()
@@ -403,9 +557,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         pos, end = 0, len(buf)
         while end - pos >= 5:
             length = int.from_bytes(buf[pos + 1:pos + 5], "big")
-            if length > w.MAX_MESSAGE_LENGTH:
+            if length > limit:
                 self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            f"Received message larger than max ({length} vs. {w.MAX_MESSAGE_LENGTH})")
+                            f"Received message larger than max ({length} vs. {limit})")
                 return
             if end - pos - 5 < length:
                 break
@@ -418,21 +572,46 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         elif pos:
             del buf[:pos]
 
-    def _message(self, stream: Stream, compressed: int, message: bytes) -> None:
+    def _message(self, stream: Stream, compressed: int, raw: bytes) -> None:
+        message: bytes | w.Compressed = raw
         if compressed:
-            try:
-                message = w.decompress(stream.encoding, message)
-            except (ValueError, zlib.error) as exc:
-                self.finish(stream, grpc.StatusCode.INTERNAL, str(exc))
+            if not stream.encoding:
+                self.finish(stream, grpc.StatusCode.INTERNAL, "Compressed message received without a grpc-encoding header")
                 return
+            message = w.Compressed(raw)  # inflated (within the limit, off the loop when large) when taken
         if stream.requests is not None:
             stream.requests.put(message)
         elif stream.handler is None:
-            return
+            self._taken(stream, 5 + len(message))
         elif stream.message is not None:
             self.finish(stream, grpc.StatusCode.UNIMPLEMENTED, "Too many request messages for a unary call")
         else:
             stream.message = message
+
+    async def inflate(self, stream: Stream, data: bytes) -> bytearray | memoryview | None:
+        """A compressed request message inflated, or None once the call was ended: RESOURCE_EXHAUSTED for
+        a bomb (or too many inflations at once on this connection), INTERNAL for corrupt data."""
+        if self.inflations >= lim.INFLATIONS_PER_CONNECTION:
+            self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "Too many compressed messages being decompressed on this connection")
+            return None
+        self.inflations += 1
+        try:
+            return await w.inflate(stream.encoding, data, self.server.max_inflated, self.server.inflater,
+                                   self._inflate_gate)
+        except w.MessageTooLarge as exc:
+            self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except (ValueError, zlib.error) as exc:
+            self.finish(stream, grpc.StatusCode.INTERNAL, str(exc))
+        finally:
+            self.inflations -= 1
+        return None
+
+    async def _inflate_streamed(self, stream: Stream, data: bytes) -> bytearray | memoryview:
+        raw = await self.inflate(stream, data)
+        if raw is None:
+            raise asyncio.CancelledError()  # the call has its status; its handler ends here
+        return raw
 
     def _end_of_requests(self, stream: Stream) -> None:
         stream.recv_closed = True
@@ -448,8 +627,24 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if stream.message is None:
                 self.finish(stream, grpc.StatusCode.INTERNAL, "Missing request message")
                 return
+            self._ready.append(stream)
+
+    def _start_ready(self) -> None:
+        """Start the unary calls completed by the last frame batch, except those already reset: a request
+        opened and reset in the same batch never reaches the core."""
+        ready, self._ready = self._ready, []
+        start = self.server.start_unary
+        for stream in ready:
             message, stream.message = stream.message, None
-            self.server.start_unary(self, stream, message)
+            if stream.finished or message is None:
+                continue
+            self._held -= stream.held  # the request is the call's now
+            stream.held = 0
+            start(self, stream, message)
+        self._credit_connection()
+
+    def handler_done(self, _: object = None) -> None:
+        self.handlers -= 1
 
     def _deadline_passed(self, stream: Stream) -> None:
         stream.deadline_handle = None
@@ -470,6 +665,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._release(stream, cancelled=True)
 
     def _release(self, stream: Stream, cancelled: bool) -> None:
+        stream.buf = stream.message = None
+        if stream.held:
+            self._taken(stream, stream.held)
         if stream.deadline_handle is not None:
             stream.deadline_handle.cancel()
             stream.deadline_handle = None
@@ -493,6 +691,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
     def _reset(self, stream: Stream, code: int) -> None:
         self._write(w.rst_stream(stream.sid, code))
+        self._remember_reset(stream.sid)
         self.streams.pop(stream.sid, None)
         self._cancel(stream)
         self._flush_soon()
@@ -505,8 +704,15 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             return
         now = self.loop.time()
         limit = self.server.request_timeout
-        if (not self._handshaken or self._rbuf or self._headers_sid) and now - self._last_rx > limit:
+        if (not self._handshaken or self._rbuf or self._headers_sid) and now - self._last_rx > limit \
+                and not self._reading_paused:
             self._connection_error(w.PROTOCOL_ERROR, "timed out waiting for the client")
+            return
+        if self._paused and now - self._paused_at > limit:
+            logger.debug("gRPC connection from %s: the client stopped reading", self.peer)
+            self._closed = True
+            if self.transport is not None:
+                self.transport.abort()
             return
         for stream in list(self.streams.values()):
             half_sent = stream.requests is None and not stream.recv_closed and not stream.finished
@@ -539,6 +745,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._closed = True
             if self.transport is not None:
                 self.transport.close()
+                if self.transport.get_write_buffer_size():  # a client that does not read gets no linger
+                    self.loop.call_later(self.server.request_timeout, self.transport.abort)
 
     def abort(self) -> None:
         """Shutdown grace is over: cancel what is still running and close."""
@@ -551,6 +759,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
 def _raw(data: bytes) -> bytes:
     return data
+
+
+def _held_of(stream: Stream) -> int:
+    return stream.held
 
 
 def _cancel_handler(stream: Stream) -> None:

@@ -9,6 +9,7 @@ the restricted-protocol, model-name and header-forwarding rules to every call.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -18,12 +19,15 @@ from typing import Any, Iterable
 import grpc
 
 from naiad.frontends.first_step import run_first_step
+from naiad.frontends.grpc import h2_limits as lim
+from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
 from naiad.frontends.grpc.h2_stream import Stream
 
 logger = logging.getLogger(__name__)
 
+MAX_DECOMPRESSED = 1 << 26  # what a compressed request message may inflate to (by default)
 REQUEST_TIMEOUT = 30.0   # a half-sent unary request, a partial frame or a missing preface waits this long (by default)
 WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes wait for window
 
@@ -42,12 +46,16 @@ class H2GrpcServer:
     """Listener, method table, server-wide limits and graceful stop of Naiad's gRPC server."""
 
     def __init__(self, guard: Guard | None = None, max_concurrent_streams: int = 0, max_concurrent_rpcs: int = 0,
-                 request_timeout: float = REQUEST_TIMEOUT) -> None:
+                 request_timeout: float = REQUEST_TIMEOUT, max_message_size: int = w.MAX_MESSAGE_LENGTH,
+                 max_decompressed_size: int = MAX_DECOMPRESSED) -> None:
         self.loop = asyncio.get_running_loop()
         self.guard = guard
         self.max_concurrent_streams = max_concurrent_streams
         self.max_concurrent_rpcs = max_concurrent_rpcs
         self.request_timeout = request_timeout
+        self.max_message_size = max_message_size
+        self.max_inflated = min(max_decompressed_size, max_message_size)
+        self.inflater = concurrent.futures.ThreadPoolExecutor(lim.INFLATE_THREADS, thread_name_prefix="grpc-inflate")
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
@@ -89,24 +97,45 @@ class H2GrpcServer:
 
     # ------------------------------------------------------------------ running calls
 
-    def start_unary(self, conn: H2Connection, stream: Stream, message: bytes) -> None:
+    def start_unary(self, conn: H2Connection, stream: Stream, message: bytes | w.Compressed) -> None:
         """The request of a unary-request call is complete: decode it and run the handler in a task."""
         handler = stream.handler
-        try:
-            request = handler.request_deserializer(message) if handler.request_deserializer else message
-        except Exception:  # noqa: BLE001 - any decoding failure is the client's
-            conn.finish(stream, _INTERNAL, "Exception deserializing request!")
-            return
+        if isinstance(message, w.Compressed):
+            coro = self._inflated_call(conn, stream, message)
+        else:
+            try:
+                request = handler.request_deserializer(message) if handler.request_deserializer else message
+            except Exception:  # noqa: BLE001 - any decoding failure is the client's
+                conn.finish(stream, _INTERNAL, "Exception deserializing request!")
+                return
+            coro = self.run_call(conn, stream, request)
         # The handler's first step runs now, as an eager task would: calls that finish without
         # waiting (health, metadata) need no task, and an infer request reaches the scheduler in
         # this event-loop turn. A call that waits gets its task when what it waits for is done.
-        awaited = run_first_step(self.run_call(conn, stream, request), lambda coro, ctx: self._resume(stream, coro, ctx))
+        conn.handlers += 1
+        awaited = run_first_step(coro, lambda coro, ctx: self._resume(conn, stream, coro, ctx))
         if awaited is not None:
             stream.awaited = awaited
+        elif stream.task is None:
+            conn.handlers -= 1  # it finished in its first step
 
-    def _resume(self, stream: Stream, coro: Any, context: contextvars.Context) -> None:
+    def _resume(self, conn: H2Connection, stream: Stream, coro: Any, context: contextvars.Context) -> None:
         stream.awaited = None
         stream.task = self.loop.create_task(coro, context=context)
+        stream.task.add_done_callback(conn.handler_done)
+
+    async def _inflated_call(self, conn: H2Connection, stream: Stream, message: w.Compressed) -> None:
+        raw = await conn.inflate(stream, message.data)
+        if raw is None:
+            return
+        deserialize = stream.handler.request_deserializer
+        try:
+            request = deserialize(raw) if deserialize else raw
+        except Exception:  # noqa: BLE001 - any decoding failure is the client's
+            conn.finish(stream, _INTERNAL, "Exception deserializing request!")
+            return
+        del raw
+        await self.run_call(conn, stream, request)
 
     async def run_call(self, conn: H2Connection, stream: Stream, request: Any) -> None:
         """Run the handler; send its responses and then its status."""
@@ -167,6 +196,7 @@ class H2GrpcServer:
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
+        self.inflater.shutdown(wait=False, cancel_futures=True)
         await asyncio.sleep(0)
 
 

@@ -7,6 +7,7 @@ import collections
 from typing import Any
 
 from naiad.frontends.grpc.h2_call import CallContext, RequestStream
+from naiad.frontends.grpc.h2_wire import Compressed
 
 
 class Stream:
@@ -14,7 +15,8 @@ class Stream:
 
     __slots__ = ("sid", "send_window", "recv_window", "recv_unacked", "last_rx", "recv_closed", "finished",
                  "headers_sent", "sent_end", "buf", "message", "encoding", "handler", "ctx", "task", "requests",
-                 "awaited", "pending", "pending_bytes", "trailers", "drain", "deadline_handle", "counted")
+                 "awaited", "pending", "pending_bytes", "trailers", "drain", "deadline_handle", "counted",
+                 "held")
 
     def __init__(self, sid: int, send_window: int, recv_window: int, now: float) -> None:
         self.sid = sid
@@ -27,7 +29,7 @@ class Stream:
         self.headers_sent = False
         self.sent_end = False         # our END_STREAM went out
         self.buf: bytearray | None = None     # a partial inbound gRPC message
-        self.message: bytes | None = None     # the request of a unary call, until END_STREAM
+        self.message: bytes | Compressed | None = None  # the request of a unary call, until END_STREAM
         self.encoding = ""
         self.handler: Any = None
         self.ctx: CallContext | None = None
@@ -40,3 +42,4 @@ class Stream:
         self.drain: asyncio.Future[None] | None = None
         self.deadline_handle: asyncio.TimerHandle | None = None
         self.counted = False          # holds one of the server's --grpc-max-concurrent-rpcs slots
+        self.held = 0                 # request bytes the connection holds for this call (not yet taken)

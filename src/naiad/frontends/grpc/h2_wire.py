@@ -9,7 +9,10 @@ decoding them again gives the same headers as long as the table has not changed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import concurrent.futures
+import mmap
 import struct
 import zlib
 from typing import Any
@@ -253,8 +256,8 @@ def metadata_of(headers: list[tuple[str, str]]) -> tuple[tuple[str, Any], ...]:
     """Invocation metadata as grpcio gives it: no pseudo or transport headers, -bin values decoded."""
     out = []
     for name, value in headers:
-        if name[0] == ":" or name in _TRANSPORT_HEADERS:
-            continue
+        if not name or name[0] == ":" or name in _TRANSPORT_HEADERS:
+            continue  # an empty name (malformed) is dropped like pseudo and transport headers
         if name.endswith("-bin"):
             try:
                 out.append((name, base64.b64decode(value + "=" * (-len(value) % 4))))
@@ -273,14 +276,115 @@ _TRANSPORT_HEADERS = frozenset(
 # ------------------------------------------------------------------ connection helpers
 
 
-def decompress(encoding: str, message: bytes) -> bytes:
-    if not encoding:
-        raise ValueError("Compressed message received without a grpc-encoding header")
-    inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
-    out = inflater.decompress(message, MAX_MESSAGE_LENGTH)
-    if inflater.unconsumed_tail:
-        raise ValueError("Decompressed message larger than the maximum message size")
-    return out
+class Compressed:
+    """A request message with the gRPC compressed flag, inflated when its handler takes it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+
+class MessageTooLarge(ValueError):
+    """A message (or what it inflates to) is larger than the server accepts: RESOURCE_EXHAUSTED."""
+
+
+INFLATE_CHUNK = 1 << 20
+INFLATE_ON_LOOP = 64 << 10  # output inflated on the event loop; the rest of a larger message in a thread
+
+
+class Inflation:
+    """Incremental decompression of one message that stops as soon as the output passes `limit`.
+
+    Small output grows in a bytearray; `spill()` moves it to an anonymous memory mapping before a
+    large inflation, so that its memory goes back to the system when it is freed (a bomb leaves
+    nothing behind in the allocator's arenas)."""
+
+    __slots__ = ("_z", "_tail", "_out", "_size", "_limit", "_done")
+
+    def __init__(self, encoding: str, data: bytes, limit: int) -> None:
+        self._z = zlib.decompressobj(31 if encoding == "gzip" else 15)
+        self._tail = data
+        self._out: bytearray | mmap.mmap | None = bytearray()
+        self._size = 0
+        self._limit = limit
+        self._done = False
+
+    def spill(self) -> None:
+        small = self._out
+        assert isinstance(small, bytearray), "spilled twice"
+        mapping = mmap.mmap(-1, self._limit + 1)
+        mapping[:self._size] = small
+        self._out = mapping
+
+    def run(self, budget: int) -> bool:
+        """Inflate up to `budget` more bytes; True once the whole message is inflated."""
+        z, out, produced = self._z, self._out, 0
+        assert out is not None, "inflation already closed"
+        while not self._done and produced < budget:
+            step = min(INFLATE_CHUNK, budget - produced, self._limit - self._size + 1)
+            chunk = z.decompress(self._tail, step)
+            self._tail = z.unconsumed_tail
+            produced += len(chunk)
+            end = self._size + len(chunk)
+            if end > self._limit:
+                del out, chunk
+                self.close()
+                raise MessageTooLarge(f"Received message larger than max (inflated past {self._limit} bytes)")
+            out[self._size:end] = chunk
+            self._size = end
+            self._done = z.eof or (len(chunk) < step and not self._tail)
+        return self._done
+
+    def result(self) -> bytearray | memoryview:
+        if not self._z.eof:
+            self.close()
+            raise ValueError("Compressed message is truncated")
+        out = self._out
+        return memoryview(out)[:self._size] if isinstance(out, mmap.mmap) else out  # type: ignore[return-value]
+
+    def close(self) -> None:
+        """Free the output now (it is otherwise reachable from tracebacks until the garbage collector runs)."""
+        out, self._out, self._tail = self._out, None, b""
+        if isinstance(out, mmap.mmap):
+            out.close()
+
+
+async def inflate(encoding: str, data: bytes, limit: int, executor: concurrent.futures.Executor,
+                  gate: asyncio.Semaphore) -> bytearray | memoryview:
+    """The message inflated, never past `limit` bytes; what is left after INFLATE_ON_LOOP bytes is
+    inflated by `executor` while `gate` is held: until the work ends, even if the caller is cancelled
+    first (so the memory inflating takes is bounded by the gate).
+
+    Raises MessageTooLarge, ValueError or zlib.error."""
+    if encoding == "gzip" and len(data) >= 18 and int.from_bytes(data[-4:], "little") > limit:
+        # the gzip trailer states the size (modulo 2**32): a bomb that says so costs nothing
+        raise MessageTooLarge(f"Received message larger than max (inflates to {int.from_bytes(data[-4:], 'little')} "
+                              f"bytes, more than {limit})")
+    job = Inflation(encoding, data, limit)
+    if job.run(INFLATE_ON_LOOP):
+        return job.result()
+    await gate.acquire()
+    loop = asyncio.get_running_loop()
+
+    def release(_: object) -> None:
+        try:
+            loop.call_soon_threadsafe(gate.release)
+        except RuntimeError:  # the loop is closed: nobody waits on the gate any more
+            pass
+
+    try:
+        job.spill()
+        work = executor.submit(job.run, limit + 1)
+    except BaseException:
+        gate.release()
+        raise
+    work.add_done_callback(release)
+    await asyncio.wrap_future(work)
+    return job.result()
 
 
 def peer_name(peername: Any) -> str:

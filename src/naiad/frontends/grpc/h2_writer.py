@@ -31,9 +31,11 @@ class FrameWriter:
     _send_window: int
     _peer_max_frame: int
     _blocked: dict[int, Stream]
+    _sent_data: bool
     # Defined by the connection this is mixed into (H2Connection): end a call's bookkeeping.
     _release: Callable[[Stream, bool], None]
     _forget_if_done: Callable[[Stream], None]
+    _remember_reset: Callable[[int], None]
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
@@ -74,6 +76,7 @@ class FrameWriter:
                 and size <= self._peer_max_frame):
             self._send_window -= size
             stream.send_window -= size
+            self._sent_data = True
             self._write(w.frame(w.DATA, 0, stream.sid, data))
         else:
             if stream.pending is None:
@@ -100,6 +103,7 @@ class FrameWriter:
             self._send_window -= len(chunk)
             stream.send_window -= len(chunk)
             stream.pending_bytes -= len(chunk)
+            self._sent_data = True
             self._write(w.frame(w.DATA, 0, stream.sid, chunk))
         self._blocked.pop(stream.sid, None)
         if stream.trailers is not None:
@@ -151,5 +155,6 @@ class FrameWriter:
         if not stream.recv_closed:
             # the client is still sending (or never half-closed): we will not read more of this call
             self._write(w.rst_stream(stream.sid, w.NO_ERROR))
+            self._remember_reset(stream.sid)
             stream.recv_closed = True
         self._forget_if_done(stream)

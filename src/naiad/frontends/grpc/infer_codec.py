@@ -217,12 +217,10 @@ def _decode_outputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None)
 def decode_infer_request(
     request: pb.ModelInferRequest,
     shm_reader: ShmReader | None,
-    allowed_reserved: frozenset[str] = frozenset(),
 ) -> InferenceRequest:
     """Decode a ModelInferRequest; raises NaiadError (INVALID_ARG) on malformed input.
 
-    `shm_reader` is None when client shared memory is disabled. `allowed_reserved` lists the
-    `triton_` request parameters the caller handles itself (streams: the empty-final flag).
+    `shm_reader` is None when client shared memory is disabled.
     The model name was checked by the caller (InferenceServicer._check_target), before anything else.
     """
     try:
@@ -237,7 +235,7 @@ def decode_infer_request(
         outputs=_decode_outputs(request, shm_reader) if request.outputs else [],
     )
     if request.parameters:
-        apply_request_params(request.parameters, decoded, allowed_reserved)
+        apply_request_params(request.parameters, decoded)
     return decoded
 
 

@@ -10,14 +10,19 @@ from naiad.protocol.errors import invalid_arg
 from naiad.protocol.types import InferenceRequest
 
 RESERVED_PREFIX = "triton_"
-RESERVED_PREFIX_MESSAGE = (
-    "parameter keys starting with 'triton_' are reserved for Triton usage and should not be specified."
-)
 EMPTY_FINAL_RESPONSE = "triton_enable_empty_final_response"
 FINAL_RESPONSE = "triton_final_response"
+# The one `triton_` key a client may send, on ModelInfer as on ModelStreamInfer (Triton 2.51 accepts it on
+# both; perf_analyzer sends it on every request). Any other key with the prefix is refused with this text.
+ALLOWED_RESERVED = (EMPTY_FINAL_RESPONSE,)
+RESERVED_PREFIX_MESSAGE = (
+    "parameter keys starting with 'triton_' are reserved for Triton usage. Only the following keys starting "
+    "with 'triton_' are allowed: " + " ".join(ALLOWED_RESERVED)
+)
 # HTTP-only encoding hints: accepted and ignored on gRPC.
 _IGNORED = frozenset(("binary_data_output", "binary_data", "binary_data_size", "headers"))
 _INT64_MAX = (1 << 63) - 1
+_UINT64_MASK = (1 << 64) - 1
 
 
 def param_value(param: pb.InferParameter) -> Any:
@@ -69,29 +74,40 @@ def _bool(param: pb.InferParameter, key: str) -> bool:
     return param.bool_param
 
 
-def _uint(param: pb.InferParameter, key: str, expected: str) -> int:
+def _priority(param: pb.InferParameter) -> int:
     choice = param.WhichOneof("parameter_choice")
     if choice not in ("int64_param", "uint64_param"):
-        raise invalid_arg(f"invalid value type for '{key}' parameter, expected {expected}.")
+        raise invalid_arg("invalid value type for 'priority' parameter, expected int64_param or uint64_param.")
     value = getattr(param, choice)
     if value < 0:
-        raise invalid_arg(f"invalid value {value} for '{key}' parameter, expected a non-negative integer.")
+        raise invalid_arg("invalid value for 'priority', expected value >= 0.")
     return value
+
+
+def _timeout(param: pb.InferParameter) -> int:
+    if param.WhichOneof("parameter_choice") != "int64_param":
+        raise invalid_arg("invalid value type for 'timeout' parameter, expected int64_param.")
+    # Triton reads the int64 as an unsigned count of microseconds: a negative one never expires.
+    return max(param.int64_param, 0)
 
 
 def _sequence_id(param: pb.InferParameter) -> int | str:
     choice = param.WhichOneof("parameter_choice")
     if choice == "string_param":
         return param.string_param
-    if choice in ("int64_param", "uint64_param"):
-        value = getattr(param, choice)
-        if value < 0:
-            raise invalid_arg(f"invalid value {value} for 'sequence_id' parameter, expected a non-negative integer.")
-        return value
+    if choice == "int64_param":
+        return param.int64_param & _UINT64_MASK  # Triton stores the int64 as an unsigned correlation ID
     raise invalid_arg("invalid value type for 'sequence_id' parameter, expected int64_param or string_param.")
 
 
-def apply_request_params(params: Any, request: InferenceRequest, allowed_reserved: frozenset[str]) -> None:
+def _custom(param: pb.InferParameter, key: str) -> Any:
+    choice = param.WhichOneof("parameter_choice")
+    if choice not in ("int64_param", "bool_param", "string_param", "double_param"):
+        raise invalid_arg(f"invalid value type for '{key}' parameter, expected int64_param, bool_param, or string_param.")
+    return getattr(param, choice)
+
+
+def apply_request_params(params: Any, request: InferenceRequest) -> None:
     """Decode ModelInferRequest.parameters into the request's fields; custom keys go to request.parameters."""
     custom = request.parameters
     for key, param in params.items():
@@ -102,20 +118,19 @@ def apply_request_params(params: Any, request: InferenceRequest, allowed_reserve
         elif key == "sequence_end":
             request.sequence_end = _bool(param, key)
         elif key == "priority":
-            request.priority = _uint(param, key, "int64_param or uint64_param")
+            request.priority = _priority(param)
         elif key == "timeout":
-            request.timeout_us = _uint(param, key, "int64_param")
+            request.timeout_us = _timeout(param)
         elif key.startswith(RESERVED_PREFIX):
-            if key not in allowed_reserved:
+            if key not in ALLOWED_RESERVED:
                 raise invalid_arg(RESERVED_PREFIX_MESSAGE)
+            _bool(param, key)  # its value is read by the stream; a unary call has one response anyway
         elif key not in _IGNORED:
-            value = param_value(param)
-            if value is not None:
-                custom[key] = value
+            custom[key] = _custom(param, key)
 
 
 def empty_final_response_flag(params: Any) -> bool:
-    """The stream-only `triton_enable_empty_final_response` request flag (bool_param, default false)."""
+    """The `triton_enable_empty_final_response` request flag (bool_param, default false); streams act on it."""
     if EMPTY_FINAL_RESPONSE not in params:
         return False
     return _bool(params[EMPTY_FINAL_RESPONSE], EMPTY_FINAL_RESPONSE)

@@ -26,12 +26,13 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_LENGTH = 2**31 - 1  # what Triton accepts and tritonclient sends
 
 
-def server_options(max_concurrent_streams: int = 0) -> list[tuple[str, Any]]:
-    """Channel options: INT32_MAX messages like Triton, no silent port sharing (SO_REUSEPORT), and
-    the per-connection stream cap (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
+def server_options(max_concurrent_streams: int = 0, max_receive: int = MAX_MESSAGE_LENGTH) -> list[tuple[str, Any]]:
+    """Channel options: INT32_MAX messages like Triton (received ones up to --grpc-max-message-size), no
+    silent port sharing (SO_REUSEPORT), and the per-connection stream cap (HTTP/2
+    SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
-        ("grpc.max_receive_message_length", MAX_MESSAGE_LENGTH),
+        ("grpc.max_receive_message_length", min(max_receive, MAX_MESSAGE_LENGTH)),
         ("grpc.so_reuseport", 0),
     ]
     if max_concurrent_streams > 0:
@@ -87,6 +88,8 @@ class GrpcFrontend:
             max_concurrent_streams=config.grpc_max_concurrent_streams,
             max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
             request_timeout=config.grpc_incomplete_request_timeout_secs,
+            max_message_size=config.grpc_max_message_size,
+            max_decompressed_size=config.grpc_max_decompressed_size,
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), h2)
         h2.add_generic_rpc_handlers((health_handler(self._server),))
@@ -102,7 +105,7 @@ class GrpcFrontend:
         config = self._server.config
         credentials = server_credentials(config)
         grpc_server = grpc.aio.server(
-            options=server_options(config.grpc_max_concurrent_streams),
+            options=server_options(config.grpc_max_concurrent_streams, config.grpc_max_message_size),
             interceptors=[GuardInterceptor(config.grpc_restricted_protocol, config.grpc_header_forward_pattern)],
             maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs or None,
         )

@@ -92,11 +92,12 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @guarded
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
-        # Triton 2.51 answers OK with ready=false for unknown or unavailable models (observed).
+        # Triton 2.51 answers OK with ready=false for unknown or unavailable models (observed),
+        # but INVALID_ARGUMENT for a version string that is not a version.
         try:
             return pb.ModelReadyResponse(ready=self._server.model_ready(request.name, request.version))
         except NaiadError as exc:
-            if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.INVALID_ARG):
+            if exc.code is ErrorCode.NOT_FOUND:
                 return pb.ModelReadyResponse(ready=False)
             raise
 

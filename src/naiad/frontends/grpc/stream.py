@@ -10,7 +10,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc.infer_codec import ShmReader, decode_infer_request, encode_infer_response
-from naiad.frontends.grpc.params import EMPTY_FINAL_RESPONSE, FINAL_RESPONSE, empty_final_response_flag
+from naiad.frontends.grpc.params import FINAL_RESPONSE, empty_final_response_flag
 from naiad.frontends.grpc.status import error_of
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest, InferenceResponse
@@ -22,7 +22,6 @@ ResponseSource = Callable[[InferenceRequest], AsyncIterator[tuple[InferenceRespo
 
 GRPC_ERROR_HEADER = "triton_grpc_error"
 MAX_IN_FLIGHT = 4096  # per stream: past this, reading pauses and HTTP/2 flow control pushes back
-_ALLOWED_RESERVED = frozenset((EMPTY_FINAL_RESPONSE,))
 _DONE = object()
 
 
@@ -124,7 +123,7 @@ class StreamSession:
             send_empty_final = empty_final_response_flag(message.parameters)
             if self._check_target is not None:
                 self._check_target(message)
-            request = decode_infer_request(message, self._shm_reader, _ALLOWED_RESERVED)
+            request = decode_infer_request(message, self._shm_reader)
         except Exception as exc:  # noqa: BLE001
             self._slots.release()
             self._fail(message, error_of(exc))

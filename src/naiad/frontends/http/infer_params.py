@@ -20,15 +20,21 @@ def is_uint(value: Any) -> bool:
     return type(value) is int and 0 <= value <= _UINT64_MAX
 
 
-def as_uint(value: Any, what: str, verb: str = "parse") -> int:
+# What Triton's JSON reader adds after "Unable to parse 'key'" for a request-level parameter of the wrong type.
+NOT_UINT = ": attempt to access JSON non-unsigned-integer as unsigned-integer"
+NOT_BOOL = ": attempt to access JSON non-boolean as boolean"
+NOT_STRING = ": attempt to access JSON non-string as string"
+
+
+def as_uint(value: Any, what: str, verb: str = "parse", detail: str = "") -> int:
     if not is_uint(value):
-        raise invalid_arg(f"Unable to {verb} '{what}'")
+        raise invalid_arg(f"Unable to {verb} '{what}'{detail}")
     return value
 
 
-def as_bool(value: Any, what: str) -> bool:
+def as_bool(value: Any, what: str, detail: str = "") -> bool:
     if type(value) is not bool:
-        raise invalid_arg(f"Unable to parse '{what}'")
+        raise invalid_arg(f"Unable to parse '{what}'{detail}")
     return value
 
 
@@ -66,17 +72,17 @@ def apply_request_parameters(raw: Any, request: InferenceRequest) -> bool:
             elif isinstance(value, str):
                 request.sequence_id = value
             else:
-                raise invalid_arg("Unable to parse 'sequence_id'")
+                raise invalid_arg("Unable to parse 'sequence_id'" + NOT_STRING)
         elif key == "sequence_start":
-            request.sequence_start = as_bool(value, key)
+            request.sequence_start = as_bool(value, key, NOT_BOOL)
         elif key == "sequence_end":
-            request.sequence_end = as_bool(value, key)
+            request.sequence_end = as_bool(value, key, NOT_BOOL)
         elif key == "priority":
-            request.priority = as_uint(value, key)
+            request.priority = as_uint(value, key, detail=NOT_UINT)
         elif key == "timeout":
-            request.timeout_us = as_uint(value, key)
+            request.timeout_us = as_uint(value, key, detail=NOT_UINT)
         elif key == "binary_data_output":
-            binary_output = as_bool(value, key)
+            binary_output = as_bool(value, key, NOT_BOOL)
         elif key.startswith("triton_"):
             raise invalid_arg(RESERVED_PREFIX_MESSAGE)
         else:

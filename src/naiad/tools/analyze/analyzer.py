@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from naiad.tools.analyze.report import AnalysisReport, rank_results, summary_lines, write_csv, write_html
+from naiad.tools.analyze.remote import RemoteServer, restore, served_config
+from naiad.tools.analyze.report import (
+    AnalysisReport,
+    rank_results,
+    summary_lines,
+    write_csv,
+    write_gpu_tables,
+    write_html,
+)
 from naiad.tools.analyze.search import (
     ConfigPoint,
     ConfigResult,
@@ -42,15 +50,16 @@ from naiad.tools.analyze.variants import (
     write_ensemble_variant,
     write_variant,
 )
+from naiad.tools.errors import ToolError
 from naiad.tools.perf import PerfError, PerfOptions
 from naiad.tools.perf.profiler import Profiler
 from naiad.tools.perf.report import LevelResult
-from naiad.tools.v2client import HttpControl
+from naiad.tools.v2client import HttpControl, ServerError
 
 GAIN_TO_CONTINUE = 1.05  # a concurrency step must add 5% throughput (twice in a row) to keep climbing
 
 
-class AnalyzeError(RuntimeError):
+class AnalyzeError(ToolError):
     """The analysis cannot run (message is for the user)."""
 
 
@@ -88,6 +97,13 @@ class AnalyzeOptions:
     top: int = 3
     server_args: list[str] = field(default_factory=list)
     server_timeout_s: float = 120.0
+    launch_mode: str = "local"  # local: a server per variant; remote: variants loaded into a running server
+    http_endpoint: str = "localhost:8000"  # (remote) Model Analyzer's --triton-http-endpoint
+    grpc_endpoint: str = "localhost:8001"  # (remote) --triton-grpc-endpoint
+
+    @property
+    def remote(self) -> bool:
+        return self.launch_mode == "remote"
 
 
 def point_of(config) -> ConfigPoint:
@@ -113,6 +129,7 @@ class Analyzer:
         self.base = None  # the model's config (plain models)
         self.ensemble = None  # the ensemble's own config (ensembles)
         self.member_bases: dict[str, object] = {}  # composing model -> its config (ensembles)
+        self.variant_configs: dict[str, object] = {}  # (remote) variant -> the config it is loaded with
 
     def log(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -135,10 +152,18 @@ class Analyzer:
 
         return stop
 
+    def _server(self, repository: Path, model: str, variant: str) -> ManagedServer | RemoteServer:
+        o = self.options
+        if o.remote:
+            return RemoteServer(o.http_endpoint, o.grpc_endpoint, self.model, self.variant_configs.get(variant))
+        return ManagedServer(repository, [model], o.server_args, o.server_timeout_s)
+
     def _where(self, variant: str) -> tuple[Path, str]:
         """The repository a variant's server starts on, and the model it loads and measures."""
         if self.ensemble is not None:
             return self.options.output_repository / variant, self.model
+        if self.options.remote:
+            return self.options.output_repository, self.model  # each variant is loaded as the model itself
         return self.options.output_repository, variant
 
     def _measure(self, variant: str, point: ConfigPoint | EnsemblePoint) -> ConfigResult:
@@ -147,7 +172,7 @@ class Analyzer:
         started = time.monotonic()
         repository, model = self._where(variant)
         try:
-            with ManagedServer(repository, [model], o.server_args, o.server_timeout_s) as server:
+            with self._server(repository, model, variant) as server:
                 memory: dict[int, float] = {}
                 perf = PerfOptions(
                     model=model, url=server.url(o.protocol), protocol=o.protocol, batch_size=o.client_batch_size,
@@ -184,6 +209,10 @@ class Analyzer:
             members = {m: apply_point(self.member_bases[m], m, p) for m, p in zip(point.models, point.points)}
             write_ensemble_variant(self.source_repo, self.options.output_repository / name, self.model,
                                    self.ensemble, members)
+        elif self.options.remote:
+            config = apply_point(self.base, name, point)
+            self.variant_configs[name] = config
+            write_variant(None, self.options.output_repository / name, config)  # the record of what was loaded
         else:
             write_variant(self.source_dir, self.options.output_repository / name, apply_point(self.base, name, point))
         return self._measure(name, point)
@@ -201,10 +230,29 @@ class Analyzer:
         except ServerStartError as exc:
             raise AnalyzeError(f"'{self.model}' as configured does not load:\n{exc}") from None
 
+    def _default_remote(self, name: str) -> ConfigResult:
+        """Remote mode: the config the running server reports is the current one and the base of every variant."""
+        o = self.options
+        try:
+            served = served_config(o.http_endpoint, self.model)
+        except (ServerError, OSError) as exc:
+            raise AnalyzeError(f"remote mode: cannot read '{self.model}' from {o.http_endpoint}: {exc}") from None
+        if is_ensemble(served):
+            raise AnalyzeError(f"remote mode: '{self.model}' is an ensemble; its composing models are varied in "
+                               "local mode only")
+        self.base = served
+        write_variant(None, o.output_repository / name, served)
+        self.log(f"Measuring {name} (the config the server at {o.http_endpoint} serves)")
+        result = self._measure(name, point_of(served))
+        result.is_default = True
+        return result
+
     def _default_variant(self) -> ConfigResult:
         """Measure the model as configured today; its server-side config becomes the base of every variant."""
         o = self.options
         name = f"{self.model}_config_default"
+        if o.remote:
+            return self._default_remote(name)
         original = read_config(self.source_dir)
         if original is not None and is_ensemble(original):
             return self._default_ensemble(original, name)
@@ -265,7 +313,7 @@ class Analyzer:
 
     def run(self) -> AnalysisReport:
         o = self.options
-        if not self.source_dir.is_dir():
+        if not o.remote and not self.source_dir.is_dir():
             raise AnalyzeError(f"no model directory {self.source_dir}")
         started = time.monotonic()
         self.log(f"Analyzing {self.model}")
@@ -281,12 +329,22 @@ class Analyzer:
                 results = brute_search(space, self._evaluate)
         except VariantError as exc:
             raise AnalyzeError(str(exc)) from None
+        finally:
+            if o.remote and self.base is not None:
+                self._restore()
         unique: dict[int, ConfigResult] = {id(self.default): self.default}
         for r in results:
             unique.setdefault(id(r), r)
         ranked = rank_results(list(unique.values()), o.constraints, o.objectives)
         return AnalysisReport(self.model, mode, o.constraints, o.objectives, ranked, o.top,
                               time.monotonic() - started, list(self.member_bases))
+
+    def _restore(self) -> None:
+        try:
+            restore(self.options.http_endpoint, self.model, self.base)
+            self.log(f"Reloaded {self.model} with the config it had on {self.options.http_endpoint}")
+        except ServerStartError as exc:
+            self.log(f"Warning: could not reload {self.model} with the config it had: {exc}")
 
     def write_best(self, report: AnalysisReport, best_dir: Path) -> None:
         """best_configs/<model>/<rank>_<variant>/: config.pbtxt, or <member>/config.pbtxt for an ensemble."""
@@ -319,7 +377,8 @@ def _prepare_output(options: AnalyzeOptions) -> None:
 
 def _write(options: AnalyzeOptions, analyzers: list[Analyzer], reports: list[AnalysisReport], out: TextIO) -> None:
     export = Path(options.export_path)
-    write_csv(export / "results" / "metrics-model-inference.csv", reports)
+    write_csv(export / "results" / "metrics-model-inference.csv", reports, options.client_batch_size)
+    write_gpu_tables(export / "results")
     best_dir = export / "best_configs"
     if best_dir.exists():
         shutil.rmtree(best_dir)

@@ -16,10 +16,16 @@ from naiad.tools.analyze.search import (
 )
 from naiad.tools.analyze.svg import PALETTE, Series, bar_chart, line_chart
 
-CSV_COLUMNS = ["Model", "Model Config Path", "Instance Count", "Max Batch Size", "Dynamic Batching", "Concurrency",
-               "Throughput (infer/sec)", "p99 Latency (ms)", "p95 Latency (ms)", "p90 Latency (ms)",
-               "Avg Latency (ms)", "Server Queue (ms)", "Server Compute (ms)", "RAM Usage (MB)",
-               "Satisfies Constraints", "Stable"]
+# Model Analyzer's default columns (results/metrics-model-inference.csv), then the measurements it leaves out.
+INFERENCE_COLUMNS = ["Model", "Batch", "Concurrency", "Model Config Path", "Instance Group", "Max Batch Size",
+                     "Satisfies Constraints", "Throughput (infer/sec)", "p99 Latency (ms)"]
+EXTRA_COLUMNS = ["p95 Latency (ms)", "p90 Latency (ms)", "Avg Latency (ms)", "Server Queue (ms)",
+                 "Server Compute (ms)", "RAM Usage (MB)", "Dynamic Batching", "Stable"]
+CSV_COLUMNS = INFERENCE_COLUMNS + EXTRA_COLUMNS
+# Model Analyzer's GPU tables: written with their header so scripts find them; no GPU, no rows.
+GPU_COLUMNS = ["Model", "GPU UUID", "Batch", "Concurrency", "Model Config Path", "Instance Group",
+               "Satisfies Constraints", "GPU Memory Usage (MB)", "GPU Utilization (%)", "GPU Power Usage (W)"]
+SERVER_ONLY_COLUMNS = ["Model", "GPU UUID", "GPU Memory Usage (MB)", "GPU Utilization (%)", "GPU Power Usage (W)"]
 
 
 @dataclass
@@ -57,7 +63,15 @@ def rank_results(results: list[ConfigResult], constraints: Constraints, objectiv
     return [Ranked(r, r.best(constraints, objectives, pool)) for r in ordered]
 
 
-def write_csv(path: Path, reports: list[AnalysisReport]) -> None:
+def _instance_group(instances: object) -> str:
+    """Model Analyzer's "<count>:<kind>" (an ensemble's cells name each composing model)."""
+    text = str(instances)
+    if ":" in text:  # "pre:1 post:2"
+        return " ".join(f"{name}:{count}:CPU" for name, count in (part.split(":") for part in text.split()))
+    return f"{text}:CPU"
+
+
+def write_csv(path: Path, reports: list[AnalysisReport], client_batch_size: int = 1) -> None:
     """Every measurement of every model; an ensemble's cells name each composing model (`name:value`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as handle:
@@ -66,10 +80,18 @@ def write_csv(path: Path, reports: list[AnalysisReport]) -> None:
         for report, ranked in ((report, ranked) for report in reports for ranked in report.ranked):
             r, p = ranked.result, ranked.result.point
             for m in r.measurements:
-                writer.writerow([report.model, r.variant, p.instances, p.max_batch_size, p.batching, m.concurrency,
-                                 f"{m.throughput:.2f}", f"{m.p99_ms:.3f}", f"{m.p95_ms:.3f}", f"{m.p90_ms:.3f}",
-                                 f"{m.avg_ms:.3f}", f"{m.queue_ms:.3f}", f"{m.compute_ms:.3f}", f"{m.memory_mb:.1f}",
-                                 "yes" if report.constraints.satisfied(m) else "no", "yes" if m.stable else "no"])
+                writer.writerow([report.model, client_batch_size, m.concurrency, r.variant, _instance_group(p.instances),
+                                 p.max_batch_size, "Yes" if report.constraints.satisfied(m) else "No",
+                                 f"{m.throughput:.1f}", f"{m.p99_ms:.1f}", f"{m.p95_ms:.3f}", f"{m.p90_ms:.3f}",
+                                 f"{m.avg_ms:.3f}", f"{m.queue_ms:.3f}", f"{m.compute_ms:.3f}",
+                                 f"{m.memory_mb:.1f}" if m.memory_mb else "", p.batching,
+                                 "yes" if m.stable else "no"])
+
+
+def write_gpu_tables(results_dir: Path) -> None:
+    for name, columns in (("metrics-model-gpu.csv", GPU_COLUMNS), ("metrics-server-only.csv", SERVER_ONLY_COLUMNS)):
+        with (results_dir / name).open("w", newline="") as handle:
+            csv.writer(handle).writerow(columns)
 
 
 def summary_lines(report: AnalysisReport) -> list[str]:

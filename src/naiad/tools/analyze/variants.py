@@ -84,12 +84,13 @@ def config_text(config: mc.ModelConfig) -> str:
     return text_format.MessageToString(config)
 
 
-def write_variant(source_dir: Path, target_dir: Path, config: mc.ModelConfig | None) -> Path:
-    """`target_dir` gets the config and links (or copies) to everything else in the source model directory."""
+def write_variant(source_dir: Path | None, target_dir: Path, config: mc.ModelConfig | None) -> Path:
+    """`target_dir` gets the config and links (or copies) to everything else in the source model directory
+    (the config alone without a source directory)."""
     if target_dir.exists():
         shutil.rmtree(target_dir)
     target_dir.mkdir(parents=True)
-    for entry in source_dir.iterdir():
+    for entry in source_dir.iterdir() if source_dir is not None else []:
         if entry.name == CONFIG_FILE or entry.name == "configs":
             continue
         link = target_dir / entry.name

@@ -17,6 +17,7 @@ class EndpointSpec:
     input_name: str = "text_input"
     output_name: str = "text_output"
     extra_inputs: dict[str, Any] = field(default_factory=dict)
+    exclude_input: bool = False  # (generate) send exclude_input_in_output: the model declares that input
 
     def path(self) -> str:
         if self.kind == "generate":
@@ -26,6 +27,10 @@ class EndpointSpec:
     def body(self, prompt: Prompt) -> dict[str, Any]:
         if self.kind == "generate":
             doc: dict[str, Any] = {self.input_name: prompt.text}
+            if self.streaming:
+                doc["stream"] = True  # Triton's LLM backends answer with one response unless asked to stream
+            if self.exclude_input:
+                doc["exclude_input_in_output"] = True
             if prompt.max_tokens is not None:
                 doc["max_tokens"] = prompt.max_tokens
         elif self.kind == "completions":

@@ -84,7 +84,9 @@ def add_llm_flags(parser: argparse.ArgumentParser) -> None:
     add("--input-name", default="text_input", help="(generate) the input the prompt goes to")
     add("--output-name", default="text_output", help="(generate) the output holding generated text")
     add("-H", "--header", dest="headers", action="append", default=[], metavar="'Name: value'")
-    add("--tokenizer", default="", help="local Hugging Face tokenizer directory (needs transformers)")
+    add("--tokenizer", default="",
+        help="Hugging Face tokenizer (local directory or model id; needs transformers) that sizes prompts and "
+             "counts tokens; default: hf-internal-testing/llama-tokenizer when cached, else an approximation")
     add("--artifact-dir", default="")
     add("--random-seed", type=int, default=0)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -45,7 +44,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from naiad.tools.navigate.navigator import NavigateError, NavigateOptions, run_navigate
+    from naiad.tools.errors import run_tool
+
+    return run_tool("navigate", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    from naiad.tools.navigate.navigator import NavigateOptions, run_navigate
 
     options = NavigateOptions(
         model_name=args.model_name, output_repository=args.output_repository, onnx=args.onnx,
@@ -54,9 +59,5 @@ def run(args: argparse.Namespace) -> int:
         measure_seconds=args.measure_seconds, optimize_for=args.optimize_for,
         formats=[f.strip() for f in args.formats.split(",") if f.strip()], instance_count=args.instance_count,
         extra_onnx=args.extra_onnx, verify_server=args.verify_server)
-    try:
-        run_navigate(options)
-    except (NavigateError, ValueError, OSError) as exc:
-        print(f"naiad navigate: error: {exc}", file=sys.stderr)
-        return 1
+    run_navigate(options)
     return 0

@@ -14,6 +14,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from naiad.tools.errors import ToolError
 from naiad.tools.navigate.runtimes import (
     OpenVinoRunner,
     OrtRunner,
@@ -30,7 +31,7 @@ from naiad.tools.navigate.triton_config import ModelSignature, write_model
 MAX_ITERATIONS = 10_000
 
 
-class NavigateError(RuntimeError):
+class NavigateError(ToolError):
     """The navigation cannot run (message is for the user)."""
 
 
@@ -298,6 +299,9 @@ class Navigator:
             finally:
                 control.close()
         expected = {signature.wire_output(name): value for name, value in references[b].items()}
+        # a batch-only output is declared dims [1] + reshape []: the server answers it as [batch, 1]
+        batch_only = {spec.name for spec in signature.outputs if signature.batchable and len(spec.shape) == 1}
+        expected = {k: v.reshape(-1, 1) if k in batch_only else v for k, v in expected.items()}
         ok, _, why = compare(expected, {k: np.asarray(v, dtype=expected[k].dtype) if k in expected else v
                                         for k, v in answer.items()}, o.atol, o.rtol)
         if not ok:

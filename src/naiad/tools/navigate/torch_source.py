@@ -22,23 +22,48 @@ def _datatype(array: np.ndarray) -> str:
     return _PROTOCOL_OF[array.dtype]
 
 
+def _load_module(torch: Any, spec: str) -> Any:
+    """`package.module:name`, where name is a torch.nn.Module or a function returning one."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"--torch-module expects package.module:factory, got '{spec}'")
+    try:
+        target = getattr(importlib.import_module(module_name), attr)
+    except ImportError as exc:
+        raise ValueError(f"--torch-module {spec}: cannot import '{module_name}' ({exc}); is its directory on "
+                         "PYTHONPATH?") from None
+    except AttributeError:
+        raise ValueError(f"--torch-module {spec}: module '{module_name}' has no attribute '{attr}'") from None
+    except Exception as exc:  # noqa: BLE001 - importing user code can raise anything
+        raise ValueError(f"--torch-module {spec}: importing '{module_name}' failed: {type(exc).__name__}: {exc}") from None
+    if isinstance(target, torch.nn.Module):
+        return target
+    if not callable(target):
+        raise ValueError(f"--torch-module {spec}: '{attr}' is neither a torch.nn.Module nor a function returning one")
+    try:
+        module = target()
+    except Exception as exc:  # noqa: BLE001
+        raise ValueError(f"--torch-module {spec}: calling {attr}() failed: {type(exc).__name__}: {exc}") from None
+    if not isinstance(module, torch.nn.Module):
+        raise ValueError(f"--torch-module {spec}: {attr}() returned {type(module).__name__}, not a torch.nn.Module")
+    return module
+
+
 class TorchSource:
     def __init__(self, spec: str, arrays: dict[str, np.ndarray]) -> None:
         import torch
 
-        module_name, _, attr = spec.partition(":")
-        if not module_name or not attr:
-            raise ValueError(f"--torch-module expects package.module:factory, got '{spec}'")
-        target = getattr(importlib.import_module(module_name), attr)
-        module = target if isinstance(target, torch.nn.Module) else target()
-        if not isinstance(module, torch.nn.Module):
-            raise ValueError(f"{spec} did not give a torch.nn.Module")
         self.torch = torch
-        self.module = module.eval()
+        self.module = _load_module(torch, spec).eval()
         self.arrays = arrays  # forward() argument order = the order of the arrays in the .npz file
         self.input_names = list(arrays)
         first = {k: v[:1] for k, v in arrays.items()}
-        self.output_names = [f"OUTPUT__{i}" for i in range(len(self._eager(first)))]
+        try:
+            outputs = self._eager(first)
+        except Exception as exc:  # noqa: BLE001 - the user's forward() can raise anything
+            raise ValueError(f"--torch-module {spec}: forward() fails on the sample inputs "
+                             f"{[(k, list(v.shape)) for k, v in first.items()]}: {type(exc).__name__}: {exc}") from None
+        self.output_names = [f"OUTPUT__{i}" for i in range(len(outputs))]
 
     def _eager(self, sample: dict[str, np.ndarray]) -> list[np.ndarray]:
         torch = self.torch

@@ -36,6 +36,14 @@ def _io(spec: IoSpec, batchable: bool) -> tuple[str, int, list[int]]:
     return spec.name, getattr(mc, PROTOCOL_TO_CONFIG[spec.datatype]), [-1 if d is None else int(d) for d in dims]
 
 
+def _add_tensor(tensors: object, name: str, dtype: int, dims: list[int]) -> None:
+    """A tensor with no dimension besides the batch one is written as Triton writes it: dims [1] with an
+    empty reshape (a config without dims does not load)."""
+    entry = tensors.add(name=name, data_type=dtype, dims=dims or [1])  # type: ignore[attr-defined]
+    if not dims:
+        entry.reshape.SetInParent()
+
+
 def build_config(name: str, variant: Variant, signature: ModelSignature, max_batch_size: int,
                  instance_count: int) -> mc.ModelConfig:
     config = mc.ModelConfig(name=name, backend=BACKENDS[variant.fmt], max_batch_size=max_batch_size)
@@ -43,10 +51,10 @@ def build_config(name: str, variant: Variant, signature: ModelSignature, max_bat
         n, dtype, dims = _io(spec, signature.batchable)
         if variant.fmt == "torchscript":
             n = f"INPUT__{index}"  # the PyTorch backend's positional naming
-        config.input.add(name=n, data_type=dtype, dims=dims)
+        _add_tensor(config.input, n, dtype, dims)
     for spec in signature.outputs:
         n, dtype, dims = _io(spec, signature.batchable)
-        config.output.add(name=n, data_type=dtype, dims=dims)
+        _add_tensor(config.output, n, dtype, dims)
     config.instance_group.add(count=instance_count, kind=mc.ModelInstanceGroup.KIND_CPU)
     if max_batch_size > 0:
         config.dynamic_batching.SetInParent()

@@ -1,9 +1,8 @@
-"""`naiad perf` on the command line: flags -> PerfOptions -> run, exit status 0/1."""
+"""`naiad perf` on the command line: flags -> PerfOptions -> run; exit status 0, or 2 with one error line."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 
 from naiad.tools.perf.options import add_perf_flags, options_from_args
 
@@ -17,14 +16,12 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from naiad.tools.perf.profiler import PerfError, run_perf
+    from naiad.tools.errors import run_tool
 
-    try:
+    def body() -> int:
+        from naiad.tools.perf.profiler import run_perf
+
         run_perf(options_from_args(args))
-    except PerfError as exc:
-        print(f"naiad perf: error: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("naiad perf: interrupted", file=sys.stderr)
-        return 130
-    return 0
+        return 0
+
+    return run_tool("perf", body)

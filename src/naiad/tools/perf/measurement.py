@@ -91,6 +91,11 @@ class WindowStats:
         return self.count * self.batch_size / (self.duration_ns / 1e9) if self.duration_ns > 0 else 0.0
 
     @property
+    def response_throughput(self) -> float:
+        """Responses per second (a decoupled model sends several per request), as perf_analyzer's column."""
+        return self.responses * self.batch_size / (self.duration_ns / 1e9) if self.duration_ns > 0 else 0.0
+
+    @property
     def request_rate(self) -> float:
         return self.count / (self.duration_ns / 1e9) if self.duration_ns > 0 else 0.0
 

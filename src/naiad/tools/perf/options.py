@@ -181,7 +181,8 @@ def add_perf_flags(parser: argparse.ArgumentParser) -> None:
     add("--processes", type=int, default=0, help="(naiad) load-generating processes (default: from the load)")
     add("--max-threads", dest="max_connections", type=int, default=1024,
         help="most requests outstanding per process in request-rate mode")
-    add("--progress", choices=["auto", "on", "off"], default="auto", help="live progress line (auto: on a terminal)")
+    add("--progress", choices=["auto", "on", "off"], default="auto",
+        help="progress on stderr (auto: a live line on a terminal, else a line every 5 s; on: always the live line)")
     add("-v", "--verbose", action="store_true", help="print every measurement window")
 
 

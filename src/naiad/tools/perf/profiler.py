@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.client
 import sys
 import time
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from naiad.tools.errors import ToolError
 from naiad.tools.perf.inputs import InputData, build_input_data, output_byte_size, parse_shapes
 from naiad.tools.perf.load_manager import LoadError, LoadManager
 from naiad.tools.perf.measurement import END, WindowStats, empty_records, is_stable, merge_windows, summarize_window
@@ -17,6 +19,7 @@ from naiad.tools.perf.options import PerfOptions
 from naiad.tools.perf.payloads import RequestOptions, grpc_payload, http_template, parse_request_parameter, render_http
 from naiad.tools.perf.sequences import SequenceSpec
 from naiad.tools.perf.server_metrics import MetricsCollector, metrics_url
+from naiad.tools.perf.probe import wrong_endpoint
 from naiad.tools.perf.progress import ProgressLine
 from naiad.tools.perf.report import LevelResult, print_level, print_summary, write_csv, write_json
 from naiad.tools.perf.shm import SystemShmRegions
@@ -29,7 +32,7 @@ WARMUP_LIMIT_S = 120.0
 DRAIN_S = 30.0
 
 
-class PerfError(RuntimeError):
+class PerfError(ToolError):
     """The run cannot go on (bad options, server error); the message is for the user."""
 
 
@@ -65,12 +68,18 @@ class Profiler:
 
     # ------------------------------------------------------------------ set-up
     def _model(self) -> ModelInfo:
+        o = self.options
+        host, port = split_url(o.resolved_url(), 8001 if o.protocol == "grpc" else 8000)
+        problem = wrong_endpoint(host, port, o.protocol)
+        if problem:
+            raise PerfError(problem)
         try:
-            if not self.control.model_ready(self.options.model, self.options.version):
-                raise PerfError(f"model '{self.options.model}' is not ready on {self.options.resolved_url()}")
-            return model_info(self.control, self.options.model, self.options.version)
-        except (ServerError, OSError) as exc:
-            raise PerfError(f"cannot read model '{self.options.model}' from {self.options.resolved_url()}: {exc}") from None
+            if not self.control.model_ready(o.model, o.version):
+                raise PerfError(f"model '{o.model}' is not ready on {o.resolved_url()} (is it in the repository and "
+                                "loaded? GET /v2/repository/index lists the models)")
+            return model_info(self.control, o.model, o.version)
+        except (ServerError, OSError, http.client.HTTPException) as exc:
+            raise PerfError(f"cannot read model '{o.model}' from {o.resolved_url()}: {exc}") from None
 
     def _payloads(self, info: ModelInfo, shm: SystemShmRegions | None) -> tuple[list[bytes], list[Any], InputData]:
         """Request bytes per input set, the templates sequence requests are rendered from, and the data."""
@@ -203,6 +212,7 @@ class Profiler:
         label = (f"concurrency {int(value)}" if o.mode == "concurrency"
                  else ("request intervals" if not value else f"rate {value:g}/s"))
         self.manager.start(spec)
+        self.progress.update(f"{label} | measuring", force=True)
         windows: list[WindowStats] = []
         carry = empty_records()
         t_prev, stats_prev = self._mark()
@@ -295,6 +305,9 @@ class Profiler:
             raise PerfError("--streaming needs -i grpc")
         if info.decoupled and not o.streaming:
             raise PerfError(f"model '{o.model}' is decoupled: use -i grpc --streaming")
+        if info.decoupled:
+            print("Detected decoupled model: latency is to the final response; the first response's latency "
+                  "is reported beside it", file=self.out)
         shm = SystemShmRegions(self.control) if o.shared_memory == "system" else None
         result = ProfileResult()
         try:
@@ -328,7 +341,7 @@ class Profiler:
             print(f"Total requests: client {totals['client_request_count']}, "
                   f"server {totals['server_request_count']}", file=self.out)
         if o.csv_file:
-            write_csv(o.csv_file, result.levels, o.verbose_csv)
+            write_csv(o.csv_file, result.levels, o.verbose_csv, info.decoupled)
         if o.json_file:
             write_json(o.json_file, result.levels, o.percentile, totals)
         return result

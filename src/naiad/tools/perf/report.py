@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+
+import numpy as np
 from typing import TextIO
 
 from naiad.tools.perf.measurement import WindowStats
@@ -60,12 +62,16 @@ def print_level(result: LevelResult, percentile: float, out: TextIO) -> None:
     print(f"    Request count: {m.count}", file=out)
     print(f"    Throughput: {m.throughput:.2f} infer/sec", file=out)
     if m.responses != m.count:
-        print(f"    Response throughput: {m.responses / (m.duration_ns / 1e9):.2f} responses/sec", file=out)
+        print(f"    Response Throughput: {m.response_throughput:.2f} infer/sec", file=out)
     if percentile > 0:
         print(f"    p{percentile:g} latency: {_us(m.percentile_us(percentile))} usec", file=out)
     print(f"    Avg latency: {_us(m.avg_latency_us())} usec (standard deviation {_us(m.std_latency_us())} usec)", file=out)
     for p in (50, 90, 95, 99):
         print(f"    p{p} latency: {_us(m.percentile_us(p))} usec", file=out)
+    if m.responses != m.count and m.first_response_ns.size:
+        first = m.first_response_ns / 1000.0
+        print(f"    First response latency: avg {_us(float(first.mean()))} usec, p50 {_us(float(np.percentile(first, 50)))} "
+              f"usec, p99 {_us(float(np.percentile(first, 99)))} usec", file=out)
     if result.mode == "rate" and m.count:
         print(f"    Delayed requests: {m.delayed} ({100.0 * m.delayed / m.count:.1f}%)", file=out)
     server = m.server()
@@ -98,15 +104,18 @@ def print_summary(results: list[LevelResult], percentile: float, out: TextIO) ->
               f"latency {_us(m.latency_metric_us(percentile))} usec", file=out)
 
 
-def csv_rows(results: list[LevelResult], verbose: bool) -> tuple[list[str], list[list[str]]]:
+def csv_rows(results: list[LevelResult], verbose: bool, decoupled: bool = False) -> tuple[list[str], list[list[str]]]:
+    """perf_analyzer's columns; a decoupled model adds "Response Throughput" (responses/s) after the throughput."""
     first = "Concurrency" if not results or results[0].mode == "concurrency" else "Request Rate"
     with_metrics = verbose and any(r.metrics is not None for r in results)
-    header = [first, "Inferences/Second", *CSV_TAIL] + (VERBOSE_COLUMNS if verbose else [])
+    header = [first, "Inferences/Second", *(["Response Throughput"] if decoupled else []), *CSV_TAIL]
+    header += VERBOSE_COLUMNS if verbose else []
     header += METRICS_COLUMNS if with_metrics else []
     rows = []
     for r in sorted(results, key=lambda r: r.measurement.throughput):
         m, b = r.measurement, r.breakdown_us()
-        row = [r.csv_value(), f"{m.throughput:.3f}", str(_us(b["send"])), str(_us(b["network"])), str(_us(b["queue"])),
+        row = [r.csv_value(), f"{m.throughput:.3f}", *([f"{m.response_throughput:.3f}"] if decoupled else []),
+               str(_us(b["send"])), str(_us(b["network"])), str(_us(b["queue"])),
                str(_us(b["input"])), str(_us(b["infer"])), str(_us(b["output"])), str(_us(b["recv"]))]
         row += [str(_us(m.percentile_us(p))) for p in (50, 90, 95, 99)]
         if verbose:
@@ -122,8 +131,8 @@ def csv_rows(results: list[LevelResult], verbose: bool) -> tuple[list[str], list
     return header, rows
 
 
-def write_csv(path: str, results: list[LevelResult], verbose: bool) -> None:
-    header, rows = csv_rows(results, verbose)
+def write_csv(path: str, results: list[LevelResult], verbose: bool, decoupled: bool = False) -> None:
+    header, rows = csv_rows(results, verbose, decoupled)
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)

@@ -1,0 +1,60 @@
+"""Per-connection limits of Naiad's own HTTP/2 server: what one client may cost the shared event loop.
+
+Each budget is a token bucket: a burst a well-behaved client never reaches, refilled at a steady
+rate. A connection that empties one is ended with GOAWAY ENHANCE_YOUR_CALM, as nginx, h2o and Go's
+net/http2 do since the rapid-reset (CVE-2023-44487) and frame-flood (CVE-2019-9512..9518) attacks.
+"""
+
+from __future__ import annotations
+
+# Streams the client opened and then reset (RST_STREAM) before their answer, or that were refused or
+# cancelled by a deadline: work started and thrown away. A client cancelling all of its concurrent
+# calls at once stays well inside the burst.
+RESET_BURST = 2000
+RESET_RATE = 200.0  # per second
+
+# Frames that cost the server work but carry no request: PING, SETTINGS, PRIORITY, GOAWAY, unknown
+# types, every CONTINUATION, empty DATA without END_STREAM, WINDOW_UPDATE when no DATA was sent since
+# the previous one, RST_STREAM of closed streams.
+CHEAP_FRAME_BURST = 2000
+CHEAP_FRAME_RATE = 1000.0  # per second
+
+# Fairness: one connection handles at most this many frames (or bytes) per event-loop turn, then
+# pauses reading and goes on in a later turn, after the other connections had theirs.
+FRAMES_PER_TURN = 256
+BYTES_PER_TURN = 1 << 20
+
+# Request bytes a connection holds for calls (partial messages, messages not yet taken by their
+# handler). Past it the connection window is no longer re-opened, except for the one stream holding
+# the most (so a single message larger than this still arrives).
+HELD_BYTES_LIMIT = 32 << 20
+
+# Compressed messages a connection may have waiting for or in inflation; past it the call fails
+# RESOURCE_EXHAUSTED at once. Large inflations run one per connection (and INFLATE_THREADS server-wide).
+INFLATIONS_PER_CONNECTION = 4
+INFLATE_THREADS = 2
+
+# Stream ids this connection reset itself are remembered (the most recent ones), so that frames the
+# client sent before it saw the reset are ignored rather than treated as a protocol error.
+RECENT_RESETS = 4096
+
+
+class TokenBucket:
+    """`take()` is False once more than `burst` were taken faster than `rate` per second refills them."""
+
+    __slots__ = ("_burst", "_rate", "_tokens", "_stamp")
+
+    def __init__(self, burst: int, rate: float, now: float) -> None:
+        self._burst = float(burst)
+        self._rate = rate
+        self._tokens = float(burst)
+        self._stamp = now
+
+    def take(self, now: float) -> bool:
+        tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        self._stamp = now
+        if tokens < 1.0:
+            self._tokens = tokens
+            return False
+        self._tokens = tokens - 1.0
+        return True

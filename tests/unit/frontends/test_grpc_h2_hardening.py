@@ -1,0 +1,496 @@
+"""Naiad's own HTTP/2 gRPC server against the attacks production HTTP/2 servers were hardened for:
+rapid reset, control-frame floods, slow readers, windows overrun, decompression bombs, and the
+RFC 9113 stream-state rules. Raw h2c clients on loopback, each bounded in frames and time."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+import struct
+import zlib
+from collections.abc import Iterator
+
+import grpc
+import hpack
+import pytest
+import tritonclient.grpc as grpcclient
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from tritonclient.grpc import service_pb2 as pb
+
+from naiad.frontends.grpc import h2_limits as lim
+from naiad.frontends.grpc import h2_wire as w
+from naiad.frontends.grpc.h2_connection import (
+    MAX_HEADER_BLOCK,
+    RECV_CONN_WINDOW,
+    H2Connection,
+)
+from naiad.frontends.grpc.h2_server import H2GrpcServer
+from tests.unit.frontends import test_grpc_h2_protocol as protocol
+from tests.unit.frontends.test_grpc_h2_protocol import (
+    INFER,
+    WAIT,
+    RawClient,
+    Served,
+    _gate,
+    _message,
+)
+
+own = protocol.own  # the fixture: an in-process server of the test's own (settings through indirect params)
+
+LIVE = "/inference.GRPCInferenceService/ServerLive"
+STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
+FLOOD = lim.CHEAP_FRAME_BURST + 1000  # past the burst, sent far faster than the budget refills
+
+
+def _send_tolerant(client: RawClient, data: bytes) -> None:
+    """Send; the server may already have closed the connection (that is what is being tested)."""
+    try:
+        client.send(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+def _goaway_code(client: RawClient, timeout: float = WAIT) -> int | None:
+    """The error code of the server's GOAWAY (None if the connection closed without one)."""
+    try:
+        got = client.until(lambda f: f[0] == w.GOAWAY, timeout)
+    except ConnectionResetError:
+        return None
+    return None if got is None else struct.unpack(">I", got[3][4:8])[0]
+
+
+def _still_serving(served: Served) -> None:
+    with grpcclient.InferenceServerClient(served.url) as good:
+        assert good.is_server_live()
+
+
+# ---------------------------------------------------------------- rapid reset (CVE-2023-44487)
+
+
+def test_rapid_reset_ends_in_goaway_enhance_your_calm(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        body = _message(_gate("rr", "rr-never"))
+        sid = 1
+        for _ in range((lim.RESET_BURST + 1000) // 100):
+            batch = []
+            for _ in range(100):
+                client.call(sid, INFER, body)  # whole request, then cancelled at once
+                batch.append(w.rst_stream(sid, w.CANCEL))
+                sid += 2
+            _send_tolerant(client, b"".join(batch))
+        assert _goaway_code(client) == w.ENHANCE_YOUR_CALM
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # closed while sending: the GOAWAY was checked by the test below
+    finally:
+        client.close()
+    # A request reset in the frame batch that completed it never reached the core.
+    assert len(own.fake.seen) < lim.RESET_BURST
+    _still_serving(own)
+
+
+def test_rapid_reset_in_separate_writes_is_refused_too(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        body = _message(_gate("rr2", "rr2-never"))
+        code = None
+        for sid in range(1, 2 * (lim.RESET_BURST + 500), 2):
+            try:
+                client.call(sid, INFER, body)
+                client.send(w.rst_stream(sid, w.CANCEL))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        code = _goaway_code(client)
+        assert code == w.ENHANCE_YOUR_CALM
+    finally:
+        client.close()
+    _still_serving(own)
+
+
+# ---------------------------------------------------------------- cheap-frame floods
+
+
+def _open_stream(client: RawClient) -> None:
+    client.call(1, INFER, _message(_gate("flood", "flood-never")), end=False)
+
+
+FLOODS = {
+    "priority": (None, w.frame(w.PRIORITY, 0, 1, b"\x00\x00\x00\x00\x10")),
+    "unknown": (None, w.frame(0x20, 0, 0, b"x")),
+    "ping": (None, w.frame(w.PING, 0, 0, b"12345678")),
+    "settings": (None, w.settings_frame({})),
+    "window_update": (None, w.window_update(0, 1)),
+    "empty_data": (_open_stream, w.frame(w.DATA, 0, 1)),
+    "empty_continuation": (
+        lambda c: c.send(w.frame(w.HEADERS, 0, 1, c.encoder.encode([(":method", "POST")]))),
+        w.frame(w.CONTINUATION, 0, 1),
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FLOODS))
+def test_cheap_frame_flood_ends_in_goaway_enhance_your_calm(own: Served, kind: str) -> None:
+    setup, one = FLOODS[kind]
+    client = RawClient(own.port)
+    try:
+        if setup is not None:
+            setup(client)
+        for _ in range(FLOOD // 500):
+            _send_tolerant(client, one * 500)
+        assert _goaway_code(client) == w.ENHANCE_YOUR_CALM
+    finally:
+        client.close()
+    _still_serving(own)
+
+
+def test_usual_control_traffic_stays_within_the_budgets(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        for sid in range(1, 401, 2):  # a busy client: a call, a PING and a WINDOW_UPDATE each time
+            client.call(sid, LIVE, _message(pb.ServerLiveRequest()))
+            client.send(w.frame(w.PING, 0, 0, b"abcdefgh") + w.window_update(0, 100))
+            assert client.status(sid)["grpc-status"] == "0"
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- flow control and held request bytes
+
+
+def test_data_past_the_connection_window_is_a_flow_control_error(own: Served) -> None:
+    """Streams that each declare a large message and keep sending without waiting for WINDOW_UPDATE:
+    once the connection holds HELD_BYTES_LIMIT for them, its window stays shut and the overrun is caught."""
+    client = RawClient(own.port)
+    per_stream, streams = 2 << 20, (lim.HELD_BYTES_LIMIT + RECV_CONN_WINDOW) // (2 << 20) + 8
+    chunk = b"\x00" * w.DEFAULT_FRAME_SIZE
+    try:
+        for i in range(streams):
+            sid = 2 * i + 1
+            client.call(sid, INFER, b"\x00" + (64 << 20).to_bytes(4, "big"), end=False)
+            frames = [w.frame(w.DATA, 0, sid, chunk) for _ in range(per_stream // len(chunk))]
+            client.send(b"".join(frames))
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        assert _goaway_code(client) == w.FLOW_CONTROL_ERROR
+    finally:
+        client.close()
+    _still_serving(own)
+
+
+def test_a_large_message_alone_still_arrives(own: Served) -> None:
+    """More than HELD_BYTES_LIMIT in a single message: the stream holding the most keeps its windows."""
+    import numpy as np
+
+    big = np.ones((1, (lim.HELD_BYTES_LIMIT + (4 << 20)) // 4), dtype=np.float32)
+    with grpcclient.InferenceServerClient(own.url) as client:
+        inp = grpcclient.InferInput("X", list(big.shape), "FP32")
+        inp.set_data_from_numpy(big)
+        out = client.infer("echo", [inp], client_timeout=60).as_numpy("OUT_X")
+    assert out.shape == big.shape
+
+
+# ---------------------------------------------------------------- decompression
+
+
+@pytest.mark.parametrize("own", [{"grpc_max_decompressed_size": 1 << 20}], indirect=True)
+def test_gzip_bomb_is_resource_exhausted(own: Served) -> None:
+    bomb = gzip.compress(b"\x00" * (16 << 20))  # 16 KiB on the wire, 16 MiB inflated
+    client = RawClient(own.port)
+    try:
+        client.call(1, INFER, b"\x01" + len(bomb).to_bytes(4, "big") + bomb, extra=(("grpc-encoding", "gzip"),))
+        trailers = client.status(1)
+        assert trailers["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+        client.call(3, STREAM, b"\x01" + len(bomb).to_bytes(4, "big") + bomb, extra=(("grpc-encoding", "gzip"),))
+        assert client.status(3)["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+    finally:
+        client.close()
+    _still_serving(own)
+
+
+@pytest.mark.parametrize("own", [{"grpc_max_message_size": 1000}], indirect=True)
+def test_max_message_size_flag_applies(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.call(1, INFER, b"\x00" + (1001).to_bytes(4, "big") + b"x" * 1001)
+        trailers = client.status(1)
+        assert trailers["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0])
+        assert "1001 vs. 1000" in trailers["grpc-message"]
+    finally:
+        client.close()
+
+
+def test_inflation_is_incremental_and_capped() -> None:
+    data = b"abc" * 100_000
+    job = w.Inflation("gzip", gzip.compress(data), len(data))
+    assert not job.run(1000)  # stops after the budget
+    assert job.run(len(data)) and job.result() == data
+    with pytest.raises(w.MessageTooLarge):
+        w.Inflation("deflate", zlib.compress(data), len(data) - 1).run(len(data) + 1)
+    truncated = w.Inflation("gzip", gzip.compress(data)[:100], len(data))
+    truncated.run(len(data))
+    with pytest.raises(ValueError):
+        truncated.result()
+
+
+# ---------------------------------------------------------------- RFC 9113 conformance
+
+
+def test_reused_stream_id_is_a_protocol_error(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.call(1, LIVE, _message(pb.ServerLiveRequest()))
+        assert client.status(1)["grpc-status"] == "0"
+        client.call(1, LIVE, _message(pb.ServerLiveRequest()))
+        assert _goaway_code(client) == w.PROTOCOL_ERROR
+    finally:
+        client.close()
+
+
+def test_lower_stream_id_is_a_protocol_error(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.call(5, LIVE, _message(pb.ServerLiveRequest()))
+        assert client.status(5)["grpc-status"] == "0"
+        client.call(3, LIVE, _message(pb.ServerLiveRequest()))
+        assert _goaway_code(client) == w.PROTOCOL_ERROR
+    finally:
+        client.close()
+
+
+class _NoSettingsClient(RawClient):
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=WAIT)
+        self.encoder, self.decoder, self.buf = hpack.Encoder(), hpack.Decoder(), b""
+
+
+def test_headers_before_the_clients_settings_are_a_protocol_error(own: Served) -> None:
+    client = _NoSettingsClient(own.port)
+    try:
+        block = client.encoder.encode([(":method", "POST"), (":scheme", "http"), (":path", LIVE),
+                                       (":authority", "x"), ("content-type", "application/grpc")])
+        client.send(w.PREFACE + w.frame(w.HEADERS, w.END_HEADERS, 1, block)
+                    + w.frame(w.DATA, w.END_STREAM, 1, _message(pb.ServerLiveRequest())))
+        assert _goaway_code(client) == w.PROTOCOL_ERROR
+    finally:
+        client.close()
+
+
+def test_window_update_on_an_idle_stream_is_a_protocol_error(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.send(w.window_update(7, 100))
+        assert _goaway_code(client) == w.PROTOCOL_ERROR
+    finally:
+        client.close()
+
+
+def test_rst_stream_on_an_idle_stream_is_a_protocol_error(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.send(w.rst_stream(9, w.CANCEL))
+        assert _goaway_code(client) == w.PROTOCOL_ERROR
+    finally:
+        client.close()
+
+
+def test_initial_window_change_past_the_maximum_is_a_flow_control_error(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.call(1, INFER, _message(_gate("win", "win-never")))
+        own.fake.wait_seen("win")
+        client.send(w.window_update(1, w.MAX_WINDOW - w.DEFAULT_WINDOW))  # stream 1's send window is now the maximum
+        client.send(w.settings_frame({w.S_INITIAL_WINDOW_SIZE: w.DEFAULT_WINDOW + 1}))
+        assert _goaway_code(client) == w.FLOW_CONTROL_ERROR
+    finally:
+        client.close()
+    _still_serving(own)
+
+
+@pytest.mark.parametrize("own", [{"grpc_max_concurrent_streams": 1}], indirect=True)
+def test_frames_on_a_stream_the_server_reset_are_ignored(own: Served) -> None:
+    client = RawClient(own.port)
+    try:
+        client.call(1, INFER, _message(_gate("one-r", "one-r-after")))
+        own.fake.wait_seen("one-r")
+        client.call(3, LIVE, _message(pb.ServerLiveRequest()), end=False)
+        refused = client.until(lambda f: f[2] == 3)
+        assert refused[0] == w.RST_STREAM
+        client.send(w.frame(w.HEADERS, w.END_HEADERS | w.END_STREAM, 3, client.encoder.encode([("x-t", "1")])))
+        own.release_gate("one-r-after")
+        assert client.status(1)["grpc-status"] == "0"
+        client.call(5, LIVE, _message(pb.ServerLiveRequest()))
+        assert client.status(5)["grpc-status"] == "0"
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- fairness, back-pressure, fuzzing (no socket)
+
+
+class FakeTransport(asyncio.Transport):
+    """Collects what the connection writes and whether it wants to read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = bytearray()
+        self.reading = True
+        self.closed = False
+
+    def write(self, data: bytes) -> None:  # type: ignore[override]
+        self.out += data
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def _frames(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out, pos = [], 0
+    while len(data) - pos >= 9:
+        length = int.from_bytes(data[pos:pos + 3], "big")
+        out.append((data[pos + 3], data[pos + 4], struct.unpack(">I", data[pos + 5:pos + 9])[0] & 0x7FFFFFFF,
+                    data[pos + 9:pos + 9 + length]))
+        pos += 9 + length
+    return out
+
+
+@pytest.fixture()
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def _connect(loop: asyncio.AbstractEventLoop) -> tuple[H2Connection, FakeTransport]:
+    async def make() -> tuple[H2Connection, FakeTransport]:
+        conn = H2Connection(H2GrpcServer(max_concurrent_streams=100))
+        transport = FakeTransport()
+        conn.connection_made(transport)
+        return conn, transport
+
+    return loop.run_until_complete(make())
+
+
+def _pings(transport: FakeTransport) -> int:
+    return sum(1 for f in _frames(bytes(transport.out)) if f[0] == w.PING)
+
+
+def test_one_connection_handles_a_bounded_number_of_frames_per_turn(loop: asyncio.AbstractEventLoop) -> None:
+    conn, transport = _connect(loop)
+    conn.data_received(w.PREFACE + w.settings_frame({}) + w.frame(w.PING, 0, 0, b"12345678") * 1000)
+    assert _pings(transport) == lim.FRAMES_PER_TURN - 1  # the SETTINGS frame was one of them
+    assert not transport.reading  # the rest waits for a later turn, after the other connections
+
+    async def turns() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    loop.run_until_complete(turns())
+    assert _pings(transport) == 1000 and transport.reading
+    conn.connection_lost(None)
+
+
+def test_reading_stops_while_the_client_does_not_read(loop: asyncio.AbstractEventLoop) -> None:
+    conn, transport = _connect(loop)
+    conn.data_received(w.PREFACE + w.settings_frame({}))
+    conn.pause_writing()  # the transport's write buffer passed its high-water mark
+    assert not transport.reading
+    conn.resume_writing()
+    assert transport.reading
+    conn.connection_lost(None)
+
+
+_FRAME = st.tuples(
+    st.sampled_from([*range(11), 0x20]),                      # every type, and an unknown one
+    st.integers(0, 255),                                       # flags
+    st.sampled_from([0, 1, 2, 3, 5, 7, 2**31 - 1]),            # stream ids
+    st.one_of(st.binary(max_size=40),
+              st.sampled_from([b"", b"\x00" * 4, b"\x00\x00\x00\x01", b"\x7f\xff\xff\xff", b"\x00" * 8,
+                               b"\x00\x04\x7f\xff\xff\xff", b"\x00\x00\x00\x00\x05", b"\x82\x84\x86"])),
+).map(lambda t: w.frame(*t))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(frames=st.lists(_FRAME, max_size=40), garbage=st.binary(max_size=64), with_settings=st.booleans())
+@example(frames=[w.frame(w.HEADERS, 0x24, 1, b"\x00" * 8)], garbage=b"", with_settings=True)  # an empty header name
+def test_fuzzed_frames_only_ever_end_in_protocol_errors(loop: asyncio.AbstractEventLoop, frames: list[bytes],
+                                                        garbage: bytes, with_settings: bool) -> None:
+    """Random frames never hit the server's internal-error path and never grow its buffers past their bounds."""
+    conn, transport = _connect(loop)
+    data = w.PREFACE + (w.settings_frame({}) if with_settings else b"") + b"".join(frames) + garbage
+    for i in range(0, len(data), 97):  # in pieces, as TCP may deliver them
+        conn.data_received(data[i:i + 97])
+    codes = [struct.unpack(">I", f[3][4:8])[0] for f in _frames(bytes(transport.out)) if f[0] == w.GOAWAY]
+    assert w.INTERNAL_ERROR not in codes
+    assert len(conn._rbuf) <= 9 + w.DEFAULT_FRAME_SIZE + 97
+    assert len(conn._headers_block) <= MAX_HEADER_BLOCK
+    assert conn._held <= lim.HELD_BYTES_LIMIT
+    assert len(transport.out) <= 200 * (len(frames) + 1) + 200
+    conn.connection_lost(None)
+    assert conn._held == 0 and not conn.streams
+
+
+def test_handlers_of_reset_streams_count_against_the_stream_limit(loop: asyncio.AbstractEventLoop) -> None:
+    """Resetting a stream does not free its slot until its handler has ended: a reset cannot start more work."""
+    release = asyncio.Event()
+
+    async def stubborn(request: bytes, context: object) -> bytes:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await release.wait()  # a handler that takes its time to wind down
+            raise
+        return request
+
+    async def scenario() -> tuple[list[tuple[int, int, int, bytes]], bool]:
+        server = H2GrpcServer(max_concurrent_streams=2)
+        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(stubborn)})
+        conn, transport = H2Connection(server), FakeTransport()
+        conn.connection_made(transport)
+        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+            ("content-type", "application/grpc")))
+
+        def call(sid: int) -> bytes:
+            return w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0\0\0\0\0")
+
+        conn.data_received(w.PREFACE + w.settings_frame({}) + call(1) + call(3))
+        await asyncio.sleep(0.01)
+        conn.data_received(w.rst_stream(1, w.CANCEL) + w.rst_stream(3, w.CANCEL))
+        await asyncio.sleep(0.01)
+        assert not conn.streams and conn.handlers == 2
+        conn.data_received(call(5))  # both handlers still run: refused
+        release.set()
+        await asyncio.sleep(0.01)
+        assert conn.handlers == 0
+        conn.data_received(call(7))  # accepted once they ended
+        await asyncio.sleep(0.01)
+        accepted = 7 in conn.streams and conn.handlers == 1
+        conn.connection_lost(None)
+        await asyncio.sleep(0.01)  # its handler winds down
+        return _frames(bytes(transport.out)), accepted
+
+    frames, accepted = loop.run_until_complete(scenario())
+    resets = {f[2]: struct.unpack(">I", f[3])[0] for f in frames if f[0] == w.RST_STREAM}
+    assert resets == {5: w.REFUSED_STREAM}
+    assert accepted
