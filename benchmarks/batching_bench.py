@@ -389,7 +389,7 @@ def main() -> int:
     if shutil.which("taskset") is None:
         parser.error("taskset (util-linux) is needed")
     work = Path(tempfile.mkdtemp(prefix="naiad_batching_"))
-    results: dict = {"when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    results: dict = {"when": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
                      "machine": machine_line(), "grpc_impl": args.grpc_impl}
     try:
         if "heavy" in args.parts:

@@ -37,7 +37,6 @@ one after the other in each round, the order alternating between rounds):
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import subprocess
@@ -45,14 +44,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import load  # noqa: E402  (benchmarks/load.py)
+import load
 
 ROOT = Path(__file__).resolve().parents[1]
 FEATURES = 32

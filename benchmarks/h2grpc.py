@@ -19,12 +19,26 @@ import socket
 import struct
 import time
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 # Frame and HPACK-literal encoding are the server's own (naiad.frontends.grpc.h2_wire).
-from naiad.frontends.grpc.h2_wire import (  # noqa: E402
-    ACK, DATA, DEFAULT_WINDOW, END_HEADERS, END_STREAM, GOAWAY, HEADERS, MAX_WINDOW, PADDED, PING,
-    PREFACE, RST_STREAM, SETTINGS, WINDOW_UPDATE, frame, literal,
+from naiad.frontends.grpc.h2_wire import (
+    ACK,
+    DATA,
+    DEFAULT_WINDOW,
+    END_HEADERS,
+    END_STREAM,
+    GOAWAY,
+    HEADERS,
+    MAX_WINDOW,
+    PADDED,
+    PING,
+    PREFACE,
+    RST_STREAM,
+    SETTINGS,
+    WINDOW_UPDATE,
+    frame,
+    literal,
 )
 
 SETTINGS_ENABLE_PUSH, SETTINGS_INITIAL_WINDOW_SIZE = 0x2, 0x4

@@ -30,8 +30,8 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -375,7 +375,7 @@ async def _http_client_loop(host: str, port: int, request: bytes, budget: Budget
     loop = asyncio.get_running_loop()
     for _ in range(MAX_RECONNECTS):
         done = loop.create_future()
-        await loop.create_connection(lambda: _HttpClient(request, budget, samples, done), host, port)
+        await loop.create_connection(lambda done=done: _HttpClient(request, budget, samples, done), host, port)
         if await done is None or budget.remaining <= 0 or time.perf_counter() >= budget.deadline:
             return
     samples.error("too many reconnects")
@@ -470,7 +470,7 @@ def _worker(args: dict, conn) -> None:
         loop.run_until_complete(_run_clients(
             args["protocol"], args["host"], args["port"], workload, args["concurrency"], budget,
             samples, args["warmup"] + args["duration"] + 60, args["channels"], args["grpc_client"]))
-    except Exception as exc:  # noqa: BLE001 - reported to the parent, counted as an error
+    except Exception as exc:  # reported to the parent, counted as an error
         samples.error(f"{type(exc).__name__}: {exc}")
     finally:
         loop.close()

@@ -111,7 +111,7 @@ def check_answers(running: dict[str, procs.RunningServer], matrix: matrix_models
                 port = server.grpc_port if protocol == "grpc" else server.http_port
                 try:
                     load.check_once(protocol, "127.0.0.1", port, matrix.workloads[model])
-                except Exception as exc:  # noqa: BLE001 - any wrong or missing answer disqualifies the cell
+                except Exception as exc:
                     failures[f"{name}/{model}/{protocol}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     procs.log(f"check failed: {name} {model} {protocol}: {exc}")
     return failures
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     for tool in ("taskset", "wrk") if "http-json" in args.protocols else ("taskset",):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is needed (Debian/Ubuntu: apt-get install {'util-linux' if tool == 'taskset' else tool})")
-    when = datetime.datetime.now(datetime.timezone.utc)
+    when = datetime.datetime.now(datetime.UTC)
     output = args.output or (None if args.check_only else HERE / "results" / f"{when:%Y-%m-%d-%H%M}-matrix.json")
     config = {k: getattr(args, k) for k in ("servers", "models", "variants", "protocols", "concurrency", "rounds",
                                              "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import http.client
 import json
 import os
@@ -285,17 +286,17 @@ def compare(args: argparse.Namespace) -> dict:
     try:
         for kind in servers:
             running[kind] = _start(kind, repo, work, args.server_core)
-        for round_index in range(args.rounds):
+        for _ in range(args.rounds):
             for kind in servers:  # servers take turns cell by cell
                 proc, http_port, grpc_port = running[kind]
                 for protocol in args.protocols:
                     port = grpc_port if protocol == "grpc" else http_port
                     for concurrency in args.concurrency:
-                        cell = _with_cpu(proc.pid, lambda: _load(args.client_core, port, protocol, concurrency, args.duration),
+                        cell = _with_cpu(proc.pid, functools.partial(_load, args.client_core, port, protocol, concurrency, args.duration),
                                          args.duration)
                         results.setdefault((kind, f"add_sub {protocol}", concurrency), []).append(cell)
                 for concurrency in (1, 4):
-                    cell = _with_cpu(proc.pid, lambda: _mb(args.client_core, http_port, concurrency, args.duration),
+                    cell = _with_cpu(proc.pid, functools.partial(_mb, args.client_core, http_port, concurrency, args.duration),
                                      args.duration)
                     results.setdefault((kind, "identity 1MiB http-binary", concurrency), []).append(cell)
     finally:

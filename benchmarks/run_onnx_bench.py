@@ -106,7 +106,6 @@ def ceiling_main(model: str, model_path: str, duration: float, warmup: float) ->
     """In-process onnxruntime, batch 1, one call at a time (runs pinned, as a subprocess)."""
     import numpy as np
     import onnxruntime as ort
-
     from load import make_workload
 
     options = ort.SessionOptions()

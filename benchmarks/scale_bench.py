@@ -31,10 +31,10 @@ import numpy as np
 import tritonclient.http as httpclient
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.integration.test_python_backend_support import add_sub as python_add_sub  # noqa: E402
-from tests.support.onnx_models import add_sub_model  # noqa: E402
-from tests.support.process_tree import descendants, rss  # noqa: E402
-from tests.support.servers import start_server  # noqa: E402
+from tests.integration.test_python_backend_support import add_sub as python_add_sub
+from tests.support.onnx_models import add_sub_model
+from tests.support.process_tree import descendants, rss
+from tests.support.servers import start_server
 
 MB = 1e6
 

@@ -75,7 +75,6 @@ class _HttpProtocol(asyncio.Protocol):
 
 async def _serve(http_port: int, grpc_port: int, h2_grpc_port: int, lifetime: float) -> None:
     import grpc
-
     from h2grpc import TrivialH2GrpcServer
 
     loop = asyncio.get_running_loop()
@@ -104,7 +103,7 @@ async def _serve(http_port: int, grpc_port: int, h2_grpc_port: int, lifetime: fl
                                          "h2_grpc_port": h2.sockets[0].getsockname()[1]}), flush=True)
     try:
         await asyncio.wait_for(stop.wait(), lifetime)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     http.close()
     h2.close()

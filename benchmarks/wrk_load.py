@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import load  # noqa: E402  (benchmarks/load.py)
+import load
 
 RESULT_TAG = "WRK_RESULT "
 LUA_TEMPLATE = """wrk.method = "POST"

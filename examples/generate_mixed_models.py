@@ -51,7 +51,6 @@ def _table(rows: int = 2000, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
 
 
 def add_sub_onnx(repo: Path) -> None:
-    import onnx
     from onnx import TensorProto, helper
 
     shape = ["batch", 4]

@@ -14,7 +14,6 @@ from triton_python_backend_utils._config import (
     using_decoupled_model_transaction_policy,
 )
 from triton_python_backend_utils._errors import TritonError, TritonModelException
-from triton_python_backend_utils._text import text as _text
 from triton_python_backend_utils._logger import Logger, LogLevel
 from triton_python_backend_utils._metrics import Metric, MetricFamily, MetricKind
 from triton_python_backend_utils._request import (
@@ -38,6 +37,7 @@ from triton_python_backend_utils._tensor import (
     triton_string_to_numpy,
     triton_to_numpy_type,
 )
+from triton_python_backend_utils._text import text as _text
 
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2

@@ -89,7 +89,7 @@ class ModelConfig:
             return
         field.append(dict(tensor))
 
-    def add_input(self, input: dict) -> None:  # noqa: A002 - Triton's parameter name
+    def add_input(self, input: dict) -> None:  # Triton's parameter name
         self._add("input", input, _INPUT_KEYS)
 
     def add_output(self, output: dict) -> None:
@@ -154,8 +154,7 @@ def serialize_byte_tensor(input_tensor: np.ndarray) -> Any:
     if input_tensor.dtype != np.object_ and input_tensor.dtype.type != np.bytes_:
         return None
     parts = []
-    for item in np.nditer(input_tensor, flags=["refs_ok"], order="C"):
-        value = item.item()
+    for value in input_tensor.ravel(order="C").tolist():  # Python objects: bytes for a bytes_ array
         data = value if isinstance(value, bytes) else str(value).encode("utf-8")
         parts.append(_LEN.pack(len(data)))
         parts.append(data)

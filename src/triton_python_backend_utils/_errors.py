@@ -40,7 +40,7 @@ class TritonError:
         return self._NAMES[self._code]
 
     @classmethod
-    def from_name(cls, message: str, name: str) -> "TritonError":
+    def from_name(cls, message: str, name: str) -> TritonError:
         code = cls._NAMES.index(name) if name in cls._NAMES else cls.INTERNAL
         return cls(message, code)
 

@@ -11,7 +11,7 @@ from triton_python_backend_utils import _runtime
 from triton_python_backend_utils._errors import TritonModelException
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
-_families: dict[str, "MetricFamily"] = {}
+_families: dict[str, MetricFamily] = {}
 _lock = threading.Lock()
 
 
@@ -27,6 +27,7 @@ class MetricFamily:
     COUNTER = MetricKind.COUNTER
     GAUGE = MetricKind.GAUGE
     HISTOGRAM = MetricKind.HISTOGRAM
+    _kind: int
 
     def __init__(self, name: str, description: str, kind: int) -> None:
         if not isinstance(name, str) or not _NAME.match(name):
@@ -46,7 +47,7 @@ class MetricFamily:
         if runtime is not None:
             runtime.metric("family", name, self._description, kind)
 
-    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> "Metric":  # noqa: N802 - Triton's name
+    def Metric(self, labels: dict | None = None, buckets: list | None = None) -> Metric:  # Triton's name
         labels = {str(k): str(v) for k, v in (labels or {}).items()}
         if self._kind == MetricKind.HISTOGRAM:
             if not buckets:
@@ -69,7 +70,7 @@ class Metric:
     def __init__(self, family: MetricFamily, labels: dict, buckets: list | None) -> None:
         self._family = family
         self._labels = labels
-        self._buckets = buckets
+        self._buckets: list[float] = buckets or []  # empty unless a histogram
         self._value = 0.0
         self._sum = 0.0
         self._count = 0

@@ -140,7 +140,7 @@ class ResponseIterator:
     def __init__(self, call: Any) -> None:
         self._call = call
 
-    def __iter__(self) -> "ResponseIterator":
+    def __iter__(self) -> ResponseIterator:
         return self
 
     def __next__(self) -> InferenceResponse:
@@ -149,7 +149,7 @@ class ResponseIterator:
             raise StopIteration
         return response
 
-    def __aiter__(self) -> "ResponseIterator":
+    def __aiter__(self) -> ResponseIterator:
         return self
 
     async def __anext__(self) -> InferenceResponse:
@@ -207,7 +207,7 @@ class InferenceRequest:
     @classmethod
     def _received(cls, runtime: Any, handle: tuple, inputs: list, requested: tuple, request_id: str,
                   correlation_id: int | str, flags: int, parameters: str, timeout: int, model_name: str,
-                  model_version: int) -> "InferenceRequest":
+                  model_version: int) -> InferenceRequest:
         request = cls.__new__(cls)
         request._inputs = inputs
         request._requested = list(requested)

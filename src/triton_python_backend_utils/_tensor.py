@@ -90,7 +90,7 @@ class Tensor:
         self._datatype = datatype
 
     @classmethod
-    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> "Tensor":
+    def _wrap(cls, name: str, array: np.ndarray, datatype: str) -> Tensor:
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
@@ -143,7 +143,7 @@ class Tensor:
         return (1, 0)
 
     @staticmethod
-    def from_dlpack(name: str, tensor: Any) -> "Tensor":
+    def from_dlpack(name: str, tensor: Any) -> Tensor:
         """A Tensor from a DLPack capsule or an object with __dlpack__ (CPU memory)."""
         if _dlpack.is_capsule(tensor):
             capsule = tensor

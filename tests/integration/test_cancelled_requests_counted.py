@@ -6,7 +6,6 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -19,6 +18,7 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tests.support.onnx_models import add_sub_model, slow_model
 from tests.support.servers import RunningServer, client_error, start_server
+from tests.support.waiting import wait_until
 
 # A lone request waits this long for company: it is still queued when its client gives up.
 QUEUED = "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [8] }"
@@ -44,19 +44,15 @@ def _metric(server: RunningServer, family: str, model: str, reason: str | None =
 
 
 def _wait_for_pending(server: RunningServer, model: str, expected: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _metric(server, "nv_inference_pending_request_count", model) != expected:
-        assert time.monotonic() < deadline, f"pending requests of '{model}' never became {expected}"
-        time.sleep(0.02)
+    wait_until(lambda: _metric(server, "nv_inference_pending_request_count", model) == expected,
+               f"pending requests of '{model}' to become {expected}", timeout)
 
 
 def _assert_one_canceled_failure(server: RunningServer, model: str) -> None:
     """Once the server dropped the request: one CANCELED failure, no other, no success (metrics and statistics)."""
     _wait_for_pending(server, model, 0)
-    deadline = time.monotonic() + 10
-    while _metric(server, "nv_inference_request_failure", model, "CANCELED") == 0:
-        assert time.monotonic() < deadline, f"the cancelled request of '{model}' was never counted"
-        time.sleep(0.02)
+    wait_until(lambda: _metric(server, "nv_inference_request_failure", model, "CANCELED") != 0,
+               f"the cancelled request of '{model}' to be counted", timeout=10)
     for reason, expected in (("CANCELED", 1), ("REJECTED", 0), ("BACKEND", 0), ("OTHER", 0)):
         assert _metric(server, "nv_inference_request_failure", model, reason) == expected, reason
     assert _metric(server, "nv_inference_request_success", model) == 0

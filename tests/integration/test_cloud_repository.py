@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,13 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
-import tritonclient.grpc as grpcclient  # noqa: E402
-import tritonclient.http as httpclient  # noqa: E402
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
-from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint  # noqa: E402
-from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model  # noqa: E402
-from tests.support.servers import start_server  # noqa: E402
+from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint
+from tests.support.onnx_models import add_sub_model, add_sub_onnx, ensemble_model
+from tests.support.servers import start_server
+from tests.support.waiting import wait_until
 
 FP = [("A", "FP32", [16]), ("B", "FP32", [16])]
 
@@ -54,19 +54,10 @@ def _add_sub_inputs(client_module: Any, names: tuple[str, str]) -> tuple[list, n
     return inputs, a, b
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def _ready(client: httpclient.InferenceServerClient, name: str, version: str = "") -> bool:
     try:
         return bool(client.is_model_ready(name, version))
-    except Exception:  # noqa: BLE001 - any client error means "not ready yet"
+    except Exception:  # any client error means "not ready yet"
         return False
 
 
@@ -116,23 +107,23 @@ def test_poll_mode_picks_up_new_versions_and_models(endpoint: str, child_env: Pa
         version_2 = tmp_path / "v2" / "model.onnx"
         add_sub_onnx(version_2)
         bucket.client.upload_file(str(version_2), bucket.name, "models/add_sub/2/model.onnx")
-        _wait_for(lambda: _ready(client, "add_sub", "2"), 60, "add_sub version 2 to be served")
-        _wait_for(lambda: not _ready(client, "add_sub", "1"), 60, "add_sub version 1 to be retired")
+        wait_until(lambda: _ready(client, "add_sub", "2"), "add_sub version 2 to be served", timeout=60, interval=0.2)
+        wait_until(lambda: not _ready(client, "add_sub", "1"), "add_sub version 1 to be retired", timeout=60, interval=0.2)
         inputs, a, b = _add_sub_inputs(httpclient, ("INPUT0", "INPUT1"))
         result = client.infer("add_sub", inputs, model_version="2")
         np.testing.assert_allclose(result.as_numpy("OUTPUT0"), a + b)
         # A new model directory in the bucket is loaded without a restart.
         add_sub_model(tmp_path / "more", "add_sub_new")
         bucket.upload(tmp_path / "more" / "add_sub_new", "models/add_sub_new")
-        _wait_for(lambda: _ready(client, "add_sub_new"), 60, "the new model add_sub_new to be served")
+        wait_until(lambda: _ready(client, "add_sub_new"), "the new model add_sub_new to be served", timeout=60, interval=0.2)
         result = client.infer("add_sub_new", inputs)
         np.testing.assert_allclose(result.as_numpy("OUTPUT1"), a - b)
         # A changed config.pbtxt reloads the model.
         config = (local / "add_sub" / "config.pbtxt").read_text().replace("max_batch_size: 8", "max_batch_size: 4")
         bucket.client.put_object(Bucket=bucket.name, Key="models/add_sub/config.pbtxt", Body=config.encode())
-        _wait_for(lambda: client.get_model_config("add_sub").get("max_batch_size") == 4, 60, "the new config to be served")
+        wait_until(lambda: client.get_model_config("add_sub").get("max_batch_size") == 4, "the new config to be served", timeout=60, interval=0.2)
         # A model removed from the bucket is unloaded.
         for key in bucket.keys("models/add_sub_new/"):
             bucket.client.delete_object(Bucket=bucket.name, Key=key)
-        _wait_for(lambda: not _ready(client, "add_sub_new"), 60, "add_sub_new to be unloaded")
+        wait_until(lambda: not _ready(client, "add_sub_new"), "add_sub_new to be unloaded", timeout=60, interval=0.2)
         assert client.is_model_ready("add_sub", "2")

@@ -12,13 +12,14 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 import uuid
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+
+from tests.support.waiting import wait_until
 
 IMAGE = os.environ.get("NAIAD_TEST_IMAGE", "")
 
@@ -40,15 +41,6 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def container():
     """The image on the host network with free ports (works with or without a bridge network)."""
@@ -68,7 +60,7 @@ def container():
             except Exception:
                 return False
 
-        _wait_until(ready, 90, "the container's server to be ready")
+        wait_until(ready, "the container's server to be ready", timeout=90, interval=0.5)
         yield name, http, grpc
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True, timeout=60)
@@ -105,7 +97,7 @@ def test_healthcheck_reports_healthy(container):
     def healthy() -> bool:
         return _docker("inspect", "--format", "{{.State.Health.Status}}", name) == "healthy"
 
-    _wait_until(healthy, 60, "HEALTHCHECK to report healthy")
+    wait_until(healthy, "HEALTHCHECK to report healthy", timeout=60, interval=0.5)
 
 
 def test_sigterm_drains_and_exits_zero(container):

@@ -3,9 +3,9 @@ unary infer, a stream, the health service and an error status."""
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 from functools import partial
-import queue
 
 import grpc
 import numpy as np

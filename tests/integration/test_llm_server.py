@@ -6,7 +6,6 @@ import json
 import re
 import socket
 import threading
-import time
 import urllib.error
 import urllib.request
 
@@ -18,6 +17,7 @@ openai = pytest.importorskip("openai")
 
 from tests.support.servers import post_json, start_server  # noqa: E402
 from tests.support.tiny_llm import build_tiny_llm, force_one_token, write_llm_repository  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 MODEL = "tiny_llm"
 SHORT = "tiny_short"  # the same weights with a 40-token context
@@ -39,7 +39,7 @@ def server(tmp_path_factory, hf_dir):
     force_one_token(split, "\u00e6")  # byte 0xE6 in the byte-level alphabet
     write_llm_repository(repo, split, name=SPLIT)
     with start_server(repo, "--openai-port", "0", timeout=120) as running:
-        line = next(l for l in running.output if l.startswith("NAIAD_READY "))
+        line = next(out for out in running.output if out.startswith("NAIAD_READY "))
         running.openai_port = json.loads(line.split(" ", 1)[1])["openai_port"]
         yield running
 
@@ -156,6 +156,16 @@ def test_openai_errors(server):
         client.models.retrieve("nope")
 
 
+def _metrics_once_cancelled(server, before: float) -> str:
+    """The metrics text once the server has counted one more cancelled request than `before`."""
+
+    def counted() -> str | None:
+        text = _metrics(server)
+        return text if _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") > before else None
+
+    return wait_until(counted, "the cancelled request to be counted", timeout=10)
+
+
 def test_disconnect_frees_the_slot(server):
     before = _metric(_metrics(server), "naiad_llm_requests_finished_total", reason="cancelled")
     body = json.dumps({"model": MODEL, "prompt": "hello", "max_tokens": 1800, "stream": True, "temperature": 0,
@@ -167,12 +177,7 @@ def test_disconnect_frees_the_slot(server):
     while b'"text"' not in received:
         received += sock.recv(65536)
     sock.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        text = _metrics(server)
-        if _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") > before:
-            break
-        time.sleep(0.02)
+    text = _metrics_once_cancelled(server, before)
     assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1
     assert _metric(text, "naiad_llm_num_requests_running") == 0
 
@@ -217,12 +222,7 @@ def test_generate_stream_disconnect_cancels_the_request(server):
     while b"text_output" not in received:
         received += sock.recv(65536)
     sock.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        text = _metrics(server)
-        if _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") > before:
-            break
-        time.sleep(0.02)
+    text = _metrics_once_cancelled(server, before)
     assert _metric(text, "naiad_llm_requests_finished_total", reason="cancelled") == before + 1
 
 
@@ -235,7 +235,7 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
     for name, hf in zip(names, (first, second, first, second)):
         write_llm_repository(repo, hf, name=name)
     with start_server(repo, "--openai-port", "0", timeout=180) as running:
-        assert not [l for l in running.output if "failed to load" in l]
+        assert not [out for out in running.output if "failed to load" in out]
         for name in names:
             with urllib.request.urlopen(f"http://{running.http_url}/v2/models/{name}/ready", timeout=10) as reply:
                 assert reply.status == 200
@@ -267,7 +267,7 @@ def test_several_llms_load_together_and_answer_concurrently(tmp_path):
         def guarded(work, name: str) -> None:
             try:
                 work(name)
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:  # reported below
                 errors.append(exc)
 
         threads = [threading.Thread(target=guarded, args=(work, name))

@@ -1,20 +1,24 @@
 """Many models on one server: unloading frees memory, budgets, pinned models, Python workers, failures."""
 
 import os
-import time
 import urllib.request
 
 import numpy as np
-import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from onnx import helper, numpy_helper
 
-from tests.integration.test_python_backend_support import ADD_SUB_CONFIG, ADD_SUB_PY, add_sub, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    ADD_SUB_CONFIG,
+    ADD_SUB_PY,
+    add_sub,
+    write_model,
+)
 from tests.support.onnx_models import _save, _tensor, add_sub_model, write_config
 from tests.support.process_tree import descendants, tree_rss
 from tests.support.servers import client_error, start_server
+from tests.support.waiting import wait_until
 
 
 def _rss(pid: int) -> int:
@@ -51,9 +55,8 @@ def test_unloading_returns_rss_to_within_5_percent(tmp_path):
         loaded = _rss(server.process.pid)
         assert loaded - before > 30e6  # the 32 MB weight is really resident
         client.unload_model("big")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and client.get_model_repository_index()[0].get("state") != "UNAVAILABLE":
-            time.sleep(0.05)
+        wait_until(lambda: client.get_model_repository_index()[0].get("state") == "UNAVAILABLE", "big to be unloaded",
+                   timeout=10, interval=0.05)
         after = _rss(server.process.pid)
         assert after <= before * 1.05, (before, loaded, after)
 
@@ -73,7 +76,7 @@ def test_round_robin_over_many_models_under_a_budget(tmp_path, protocol):
         else:
             client = grpcclient.InferenceServerClient(server.grpc_url)
             module = grpcclient
-        for round_ in range(2):
+        for _ in range(2):
             for i in range(count):
                 inputs = [module.InferInput("INPUT0", [1, 16], "FP32"), module.InferInput("INPUT1", [1, 16], "FP32")]
                 inputs[0].set_data_from_numpy(a * i)
@@ -84,7 +87,7 @@ def test_round_robin_over_many_models_under_a_budget(tmp_path, protocol):
         evicted = [e for e in index if "evicted" in e.get("reason", "")]
         assert evicted, index
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-        loads = float(next(l for l in metrics.splitlines() if l.startswith("naiad_model_loads ")).split()[1])
+        loads = float(next(line for line in metrics.splitlines() if line.startswith("naiad_model_loads ")).split()[1])
         assert loads >= count  # every model loaded at least once, several more than once
 
 
@@ -139,11 +142,11 @@ def test_python_workers_only_for_python_models_and_counted_in_the_budget(tmp_pat
         assert len(first_worker) == 1
         assert client.infer("py1", _inputs(value=2)).as_numpy("OUTPUT0")[0, 0] == 3
         assert _states(client)["py0"]["reason"] == "unloaded (evicted: memory budget)"
-        wait_for(lambda: first_worker[0] not in descendants(server.process.pid), timeout=15)
+        wait_until(lambda: first_worker[0] not in descendants(server.process.pid), timeout=15)
         assert sum(tree_rss(server.process.pid)) <= base + budget
         # Unloading the last one: the server and its children are back within 5% of the start
         client.unload_model("py1")
-        wait_for(lambda: not descendants(server.process.pid), timeout=15)
+        wait_until(lambda: not descendants(server.process.pid), timeout=15)
         assert sum(tree_rss(server.process.pid)) <= base * 1.05
 
 
@@ -189,6 +192,6 @@ def test_a_request_timing_out_does_not_cancel_the_on_demand_load(tmp_path):
         assert "did not finish loading within the request timeout" in str(error)
         assert _states(client)["slow"]["state"] == "LOADING"
         # the load goes on without any further request, and the model serves once it is ready
-        wait_for(lambda: _states(client)["slow"]["state"] == "READY", timeout=30, interval=0.05)
+        wait_until(lambda: _states(client)["slow"]["state"] == "READY", timeout=30, interval=0.05)
         assert client.infer("slow", _inputs()).as_numpy("OUTPUT0")[0, 0] == 2
         assert metric_values(server)["naiad_model_loads"] == 1

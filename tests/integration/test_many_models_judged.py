@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,6 +22,7 @@ from tests.integration.test_many_models import metric_values
 from tests.support.onnx_models import add_sub_model
 from tests.support.process_tree import tree_rss
 from tests.support.servers import RunningServer, start_server
+from tests.support.waiting import wait_until
 
 COUNT = 200
 NAMES = [f"m{i:03d}" for i in range(COUNT)]
@@ -149,9 +149,8 @@ def test_budget_and_idle_eviction(repo200):
         assert metric_values(server)["naiad_model_loads"] == loads + 1
         # Left alone, every model is unloaded (by the idle rule, or by the budget first when the
         # allocator keeps freed memory mapped; test_idle_eviction isolates the idle rule)
-        deadline = time.monotonic() + idle_secs + 30
-        while time.monotonic() < deadline and any(e.get("state") == "READY" for e in index(server).values()):
-            time.sleep(0.2)
+        wait_until(lambda: not any(e.get("state") == "READY" for e in index(server).values()),
+                   "every model to be unloaded", timeout=idle_secs + 30, interval=0.2)
         final = index(server)
         assert not [n for n, e in final.items() if e.get("state") == "READY"]
         assert sum(tree_rss(server.process.pid)) <= base + BUDGET_MB * 10**6
@@ -165,9 +164,8 @@ def test_idle_eviction(repo200):
         used = [0, 1, 2]
         assert round_robin(server, ("http", "grpc"), used, lambda: None) == []
         assert all(index(server)[NAMES[i]]["state"] == "READY" for i in used)
-        deadline = time.monotonic() + idle_secs + 30
-        while time.monotonic() < deadline and any(index(server)[NAMES[i]].get("state") == "READY" for i in used):
-            time.sleep(0.2)
+        wait_until(lambda: not any(index(server)[NAMES[i]].get("state") == "READY" for i in used),
+                   "the idle models to be unloaded", timeout=idle_secs + 30, interval=0.2)
         final = index(server)
         assert [final[NAMES[i]].get("reason") for i in used] == ["unloaded (evicted: idle)"] * len(used)
         assert metric_values(server)['naiad_model_evictions{reason="idle"}'] == len(used)

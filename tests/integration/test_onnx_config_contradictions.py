@@ -12,7 +12,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.support.onnx_models import add_sub_model, identity_onnx, io_block, reshape_model, write_config
+from tests.support.onnx_models import (
+    add_sub_model,
+    identity_onnx,
+    io_block,
+    reshape_model,
+    write_config,
+)
 from tests.support.servers import RunningServer, post_json, start_server
 
 REFUSED = {

@@ -17,10 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 pytest.importorskip("opentelemetry.sdk", reason="the naiad[otel] extra is not installed")
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2  # noqa: E402
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from tests.support.onnx_models import add_sub_model, ensemble_model  # noqa: E402
-from tests.support.servers import start_server  # noqa: E402
+from tests.support.onnx_models import add_sub_model, ensemble_model
+from tests.support.servers import start_server
 
 CLIENT_TRACE_ID = "0af7651916cd43dd8448eb211c12666c"
 CLIENT_SPAN_ID = "b7ad6b7169242424"
@@ -37,7 +37,7 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            def do_POST(self) -> None:  # http.server's naming
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = trace_service_pb2.ExportTraceServiceRequest()
                 request.ParseFromString(body)

@@ -25,10 +25,10 @@ from tests.integration.test_python_backend_support import (
     SIMPLE_CONFIG,
     add_sub,
     pid_alive,
-    wait_for,
     write_model,
 )
 from tests.support.servers import start_server
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -168,13 +168,13 @@ def test_killed_worker_over_http_and_recovery(served):
 
     thread = threading.Thread(target=slow_request)
     thread.start()
-    wait_for(marker.exists)
+    wait_until(marker.exists)
     os.kill(pid, signal.SIGKILL)
     thread.join(60)
     assert isinstance(outcome[0], InferenceServerException)
     assert outcome[0].status() == "500" and outcome[0].message() == "Stub process 'pids_0_0' is not healthy."
     assert client.is_server_live()
-    wait_for(lambda: client.is_model_ready("pids"))
+    wait_until(lambda: client.is_model_ready("pids"))
     new_pid = int(client.infer("pids", sleep(0)).as_numpy("PID")[0])
     assert new_pid != pid and pid_alive(new_pid)
 
@@ -206,5 +206,5 @@ def test_killed_server_takes_its_workers_and_segments_along(tmp_path):
         server.process.wait()
     finally:
         server.stop()
-    wait_for(lambda: not pid_alive(pid))
-    wait_for(lambda: not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)])
+    wait_until(lambda: not pid_alive(pid))
+    wait_until(lambda: not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)])

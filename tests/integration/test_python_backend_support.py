@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from textwrap import dedent
 
@@ -20,18 +19,6 @@ def write_model(repo: Path, name: str, config: str, model_py: str, version: int 
     (model_dir / "config.pbtxt").write_text(dedent(config))
     (model_dir / str(version) / "model.py").write_text(dedent(model_py))
     return model_dir
-
-
-def wait_for(predicate, timeout: float = 30.0, interval: float = 0.01):
-    """Poll until predicate() is truthy (returns its value) or fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 def pid_alive(pid: int) -> bool:

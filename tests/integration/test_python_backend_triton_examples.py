@@ -14,7 +14,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.integration.test_python_backend_support import ADD_SUB_PY, add_sub, write_model
+from tests.integration.test_python_backend_support import (
+    ADD_SUB_PY,
+    add_sub,
+    write_model,
+)
 from tests.support.servers import RunningServer, post_json, start_server
 
 # As examples/bls/sync_model.py: the target model's name arrives as a BYTES tensor and is passed on as

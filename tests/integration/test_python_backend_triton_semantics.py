@@ -1,6 +1,5 @@
 """Triton semantics the core keeps for Python models: error responses, missing outputs, mid-stream errors."""
 
-import json
 import queue
 import textwrap
 import urllib.request

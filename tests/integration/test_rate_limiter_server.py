@@ -3,12 +3,12 @@
 import json
 import re
 import threading
-import time
 import urllib.error
 import urllib.request
 
 from tests.support.onnx_models import add_sub_model, slow_model
 from tests.support.servers import start_server
+from tests.support.waiting import wait_until
 
 LIMITED_GROUP = 'instance_group [{ kind: KIND_CPU count: 1 rate_limiter { resources [{ name: "R" count: 1 }] } }]'
 
@@ -45,13 +45,6 @@ def _executions(server, model: str) -> int:
     return stats["model_stats"][0]["execution_count"]
 
 
-def _wait_for(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
-
-
 def test_models_sharing_a_single_resource_never_execute_together(tmp_path):
     _limit(slow_model(tmp_path, "slow", matmuls=64))
     _limit(add_sub_model(tmp_path, "add_sub"))
@@ -64,13 +57,13 @@ def test_models_sharing_a_single_resource_never_execute_together(tmp_path):
         for t in threads:
             t.start()
         # One slow request executing (holding R), the other queued behind the busy instance.
-        _wait_for(lambda: _pending(server, "slow") == 1, "the second slow request to queue")
+        wait_until(lambda: _pending(server, "slow") == 1, "the second slow request to queue", timeout=60)
         assert _executions(server, "slow") == 0
         fast = threading.Thread(target=_post, args=(f"{base}/add_sub/infer", add_body, results))
         fast.start()
         threads.append(fast)
         # add_sub's instance is idle, yet its request waits: R is held by the running slow execution.
-        _wait_for(lambda: _pending(server, "add_sub") == 1, "add_sub to wait for the resource")
+        wait_until(lambda: _pending(server, "add_sub") == 1, "add_sub to wait for the resource", timeout=60)
         assert _executions(server, "add_sub") == 0
         assert _executions(server, "slow") == 0  # ...and the slow execution is still the one running
         for t in threads:

@@ -9,6 +9,7 @@ import tritonclient.http as httpclient
 
 from tests.support.onnx_models import add_sub_model
 from tests.support.servers import start_server
+from tests.support.waiting import wait_until
 
 
 class Traffic:
@@ -54,21 +55,12 @@ class Traffic:
             t.join(30)
 
 
-def _wait(predicate, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_explicit_reloads_under_load_fail_nothing(tmp_path):
     model_dir = add_sub_model(tmp_path, "m")
     with start_server(tmp_path, "--model-control-mode=explicit", "--load-model=m") as server:
         control = httpclient.InferenceServerClient(server.http_url)
         with Traffic(server.http_url) as traffic:
-            assert _wait(lambda: traffic.sent > 20, 30)
+            wait_until(lambda: traffic.sent > 20, "traffic to flow", timeout=30)
             shutil.copytree(model_dir / "1", model_dir / "2")  # a new version lands
             control.load_model("m")
             config = (model_dir / "config.pbtxt").read_text()
@@ -76,7 +68,7 @@ def test_explicit_reloads_under_load_fail_nothing(tmp_path):
             control.load_model("m")
             control.load_model("m", config='{"backend": "onnxruntime", "max_batch_size": 4}')  # an override
             sent_before = traffic.sent
-            assert _wait(lambda: traffic.sent > sent_before + 20, 30)
+            wait_until(lambda: traffic.sent > sent_before + 20, "traffic to flow after the reload", timeout=30)
         assert traffic.failures == [] and traffic.sent > 40
         assert traffic.versions == {"1", "2"}
         assert control.get_model_metadata("m")["versions"] == ["2"]
@@ -87,10 +79,10 @@ def test_poll_mode_serves_a_new_version_within_two_intervals(tmp_path):
     with start_server(tmp_path, "--model-control-mode=poll", "--repository-poll-secs=1") as server:
         control = httpclient.InferenceServerClient(server.http_url)
         with Traffic(server.http_url) as traffic:
-            assert _wait(lambda: traffic.sent > 20, 30)
+            wait_until(lambda: traffic.sent > 20, "traffic to flow", timeout=30)
             shutil.copytree(model_dir / "1", model_dir / "2")
             landed = time.monotonic()
-            assert _wait(lambda: control.get_model_metadata("m")["versions"] == ["2"], 10)
+            wait_until(lambda: control.get_model_metadata("m")["versions"] == ["2"], "version 2 to be served", timeout=10)
             elapsed = time.monotonic() - landed
         assert traffic.failures == []
         assert elapsed < 2.0  # under two poll intervals

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import threading
-import time
 import urllib.request
 from collections.abc import Iterator
 from functools import partial
@@ -21,6 +20,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.support.servers import RunningServer, client_error, start_server
+from tests.support.waiting import wait_until
 
 QUEUED = 400
 
@@ -77,13 +77,6 @@ def _pending(server: RunningServer) -> int:
     return int(match.group(1))
 
 
-def _until(condition, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.05)
-
-
 def _inputs(value: float) -> list[grpcclient.InferInput]:
     tensor = grpcclient.InferInput("X", [1], "FP32")
     tensor.set_data_from_numpy(np.array([value], np.float32))
@@ -103,16 +96,16 @@ def test_queued_requests_past_their_deadline_leave_the_queue(server: RunningServ
     with grpcclient.InferenceServerClient(server.grpc_url) as client:
         try:
             client.async_infer("gated", _inputs(1), partial(record, "busy"))
-            _until(lambda: Path(f"{gate}.started").exists(), "the instance is busy")
+            wait_until(lambda: Path(f"{gate}.started").exists(), "the instance is busy", timeout=60, interval=0.05)
             for k in range(QUEUED):
                 client.async_infer("gated", _inputs(2), partial(record, f"q{k}"), client_timeout=3)
-            _until(lambda: _pending(server) == QUEUED, f"{QUEUED} requests queued")
+            wait_until(lambda: _pending(server) == QUEUED, f"{QUEUED} requests queued", timeout=60, interval=0.05)
             error = client_error(client.infer, "gated", _inputs(3))
             assert "Exceeds maximum queue size" in str(error)
             # Their deadlines pass: every one leaves the queue.
-            _until(lambda: _pending(server) == 0, "the timed-out requests left the queue")
+            wait_until(lambda: _pending(server) == 0, "the timed-out requests left the queue", timeout=60, interval=0.05)
             client.async_infer("gated", _inputs(4), partial(record, "after"))
-            _until(lambda: _pending(server) == 1, "a new request is admitted")
+            wait_until(lambda: _pending(server) == 1, "a new request is admitted", timeout=60, interval=0.05)
         finally:
             gate.unlink(missing_ok=True)
         assert done.wait(60), f"{QUEUED + 2 - len(answers)} requests never answered"

@@ -15,6 +15,7 @@ import tritonclient.http as httpclient
 
 from tests.support.onnx_models import add_sub_model, slow_model
 from tests.support.servers import RunningServer, start_server
+from tests.support.waiting import wait_until
 
 # One queued request waits this long for company before it runs alone.
 DELAY_US = 1_000_000
@@ -42,10 +43,7 @@ def _pending(server: RunningServer) -> int:
 
 
 def _wait_for_pending(server: RunningServer, expected: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while _pending(server) != expected:
-        assert time.monotonic() < deadline, f"pending request count never became {expected}"
-        time.sleep(0.02)
+    wait_until(lambda: _pending(server) == expected, f"the pending request count to become {expected}", timeout)
 
 
 def _infer_body() -> bytes:
@@ -88,11 +86,9 @@ def test_disconnect_while_executing_keeps_the_instance_until_the_execution_ends(
             b"POST /v2/models/executing/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
             + f"Content-Length: {len(body)}\r\n\r\n".encode() + body
         )
-        time.sleep(0.2)  # it runs at once on the idle instance
-    deadline = time.monotonic() + 10
-    while _metric(server, "nv_inference_request_failure", "executing", "CANCELED") == 0:
-        assert time.monotonic() < deadline, "the disconnected request was never counted"
-        time.sleep(0.02)
+        time.sleep(0.2)  # no signal shows the execution started: give it time to reach the idle instance
+    wait_until(lambda: _metric(server, "nv_inference_request_failure", "executing", "CANCELED") != 0,
+               "the disconnected request to be counted", timeout=10)
 
     with httpclient.InferenceServerClient(server.http_url) as client:
         x = httpclient.InferInput("X", [1], "FP32")

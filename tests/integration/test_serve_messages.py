@@ -17,6 +17,7 @@ import pytest
 
 from tests.support.onnx_models import add_sub_model, slow_model, write_config
 from tests.support.servers import post_json, start_server
+from tests.support.waiting import wait_until
 
 FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
 
@@ -146,10 +147,7 @@ def _two_in_flight(server, results: list) -> list[threading.Thread]:
 
 
 def _wait_for(server, text: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not any(text in line for line in server.output):
-        time.sleep(0.05)
-    assert any(text in line for line in server.output), "".join(server.output)
+    wait_until(lambda: any(text in line for line in server.output), f"{text!r} in the server's output", timeout)
 
 
 def test_sigterm_logs_the_drain_and_a_second_signal_exits_at_once(tmp_path):

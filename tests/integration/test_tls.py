@@ -45,7 +45,7 @@ def _name(common: str) -> x509.Name:
 
 
 def _sign(subject: str, key, issuer: x509.Name, issuer_key, *, ca: bool = False, server: bool = False) -> x509.Certificate:
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     builder = (
         x509.CertificateBuilder()
         .subject_name(_name(subject))

@@ -78,7 +78,7 @@ def served(tmp_path_factory):
         with start_server(repo, "--model-control-mode", "explicit", "--load-model", MODEL, timeout=400,
                           env=ENV) as server:
             stdout, _ = offline.communicate(json.dumps(prompts), timeout=400)
-            line = next(l for l in stdout.splitlines() if l.startswith(OFFLINE_PREFIX))
+            line = next(out for out in stdout.splitlines() if out.startswith(OFFLINE_PREFIX))
             server.chat_prompt = prompts[-1]
             yield server, json.loads(line[len(OFFLINE_PREFIX):])["results"]
     finally:

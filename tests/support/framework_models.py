@@ -139,7 +139,6 @@ def save_treelite_checkpoint(estimator, path: Path) -> Path:
 
 def torch_modules():
     """TorchScript-able modules covering Triton's PyTorch naming conventions (built lazily: torch is heavy)."""
-    from typing import Dict, List
 
     import torch
 
@@ -157,12 +156,12 @@ def torch_modules():
             return torch.softmax(self.fc(x), dim=-1)
 
     class DictInput(torch.nn.Module):
-        def forward(self, inputs: Dict[str, torch.Tensor]) -> torch.Tensor:
+        def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
             return inputs["a"] * 2.0 + inputs["b"]
 
     class Labels(torch.nn.Module):
-        def forward(self, x: torch.Tensor) -> List[str]:
-            out: List[str] = []
+        def forward(self, x: torch.Tensor) -> list[str]:
+            out: list[str] = []
             flat = x.reshape(-1)
             for i in range(flat.shape[0]):
                 out.append("pos" if bool(flat[i] > 0) else "neg")
@@ -269,7 +268,9 @@ def save_tf_savedmodel(path: Path, n_features: int = 4) -> None:
 def save_tf_graphdef(path: Path, n_features: int = 4) -> tuple[str, str]:
     """model.graphdef: a frozen graph computing y = x * 2 - 1; returns its (input, output) node names."""
     import tensorflow as tf
-    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
 
     @tf.function(input_signature=[tf.TensorSpec([None, n_features], tf.float32, name="x")])
     def double(x):
@@ -327,7 +328,7 @@ def save_tf_sequence_savedmodel(path: Path) -> None:
 
     class Sequence(tf.Module):
         @tf.function(input_signature=spec)
-        def serve(self, INPUT, START, READY):  # noqa: N803 - the signature's keys are Triton's tensor names
+        def serve(self, INPUT, START, READY):  # the signature's keys are Triton's tensor names
             return {"OUTPUT": READY * (INPUT + START)}
 
     module = Sequence()

@@ -46,7 +46,7 @@ class RunningServer:
                 self.process.wait()
         return self.process.returncode
 
-    def __enter__(self) -> "RunningServer":
+    def __enter__(self) -> RunningServer:
         return self
 
     def __exit__(self, *exc: object) -> None:

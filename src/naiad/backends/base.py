@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -144,3 +144,7 @@ class RequestModelInstance(Protocol):
     def healthy(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+# What a backend's create_instance(_async) returns: a tensor instance or a request-level one.
+BackendInstance = ModelInstance | RequestModelInstance

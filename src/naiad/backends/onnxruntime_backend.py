@@ -12,7 +12,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
 from naiad.config.completion import complete_tensor
 from naiad.config.model_config import ConfigError, parameter
-from naiad.config.onnx_io import ModelTensor, can_batch, check_model_io, completed_max_batch_size, ort_tensor
+from naiad.config.onnx_io import (
+    ModelTensor,
+    can_batch,
+    check_model_io,
+    completed_max_batch_size,
+    ort_tensor,
+)
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,20 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
-from naiad.backends.transformers_backend.contract import Emitter, SequenceOutput, auto_complete, load_model_json, parse_request
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    InstanceSpec,
+    ModelSource,
+    ResponseCallback,
+)
+from naiad.backends.transformers_backend.contract import (
+    Emitter,
+    SequenceOutput,
+    auto_complete,
+    load_model_json,
+    parse_request,
+)
 from naiad.backends.vllm_metrics import VllmStats, families
 from naiad.config.model_config import ConfigError
 from naiad.protocol.errors import NaiadError, invalid_arg
@@ -92,7 +104,7 @@ class VllmAdapter:
     @classmethod
     def from_settings(cls, settings: dict[str, Any], report_metrics: bool = False) -> VllmAdapter:
         """Blocking: build AsyncEngineArgs from model.json and start the engine (raises ConfigError)."""
-        AsyncEngineArgs, SamplingParams, engine_class = _vllm_api()  # noqa: N806 (vLLM's class names)
+        AsyncEngineArgs, SamplingParams, engine_class = _vllm_api()  # vLLM's class names
         try:
             args = AsyncEngineArgs(**settings)
         except TypeError as exc:

@@ -47,7 +47,7 @@ def vertex_mode(env: Mapping[str, str]) -> bool:
     return env.get(AIP_MODE, "") == "PREDICTION"
 
 
-def _bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help_text: str) -> None:
+def _bool_flag(parser: argparse._ActionsContainer, name: str, default: bool, help_text: str) -> None:
     parser.add_argument(name, type=parse_bool, nargs="?", const=True, default=default, metavar="BOOL", help=help_text)
 
 

@@ -7,7 +7,12 @@ import os
 import re
 
 from naiad.cli.arg_types import parse_bool, parse_positive_ms, parse_positive_secs
-from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
+from naiad.cli.deploy_flags import (
+    add_deploy_flags,
+    default_repositories,
+    deploy_settings,
+    vertex_defaults,
+)
 from naiad.config.server_config import ServerConfig
 
 

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 
 from naiad import __version__
-from naiad.cli.flags import ServeHelpFormatter, add_serve_flags, config_from_args, ignored_flag_warnings, missing_repository
+from naiad.cli.flags import (
+    ServeHelpFormatter,
+    add_serve_flags,
+    config_from_args,
+    ignored_flag_warnings,
+    missing_repository,
+)
 from naiad.cli.startup_report import changed_settings
 
 

@@ -12,11 +12,29 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from naiad import __version__
-from naiad.cli.startup_checks import Listener, StartupError, check_ports, check_repositories, describe_bind_error, listeners
-from naiad.cli.startup_report import endpoint_line, load_counts, load_summary, model_table, table
+from naiad.cli.startup_checks import (
+    Listener,
+    StartupError,
+    check_ports,
+    check_repositories,
+    describe_bind_error,
+    listeners,
+)
+from naiad.cli.startup_report import (
+    endpoint_line,
+    load_counts,
+    load_summary,
+    model_table,
+    table,
+)
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
-from naiad.observability.log_settings import VERBATIM, LogSettings, SettingsFilter, TritonFormatter
+from naiad.observability.log_settings import (
+    VERBATIM,
+    LogSettings,
+    SettingsFilter,
+    TritonFormatter,
+)
 from naiad.runtime.memory import keep_freed_buffers
 
 log = logging.getLogger("naiad")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from google.protobuf.internal.containers import RepeatedCompositeFieldContainer
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.config.model_config import ConfigError
@@ -71,13 +72,13 @@ def resolve_backend(config: mc.ModelConfig, version_dir: Path | None) -> None:
                 config.backend, config.platform = backend, platform
                 break
     if config.platform and not config.backend:
-        backend = PLATFORM_TO_BACKEND.get(config.platform)
-        if backend:
-            config.backend = backend
+        from_platform = PLATFORM_TO_BACKEND.get(config.platform)
+        if from_platform:
+            config.backend = from_platform
     if config.backend and not config.platform:
-        platform = BACKEND_TO_PLATFORM.get(config.backend)
-        if platform:
-            config.platform = platform
+        from_backend = BACKEND_TO_PLATFORM.get(config.backend)
+        if from_backend:
+            config.platform = from_backend
     if not config.backend and config.platform != "ensemble":
         raise ConfigError(
             f"unable to determine the backend for model '{config.name}': set 'backend' or 'platform' "
@@ -87,8 +88,9 @@ def resolve_backend(config: mc.ModelConfig, version_dir: Path | None) -> None:
 
 def default_model_filename(config: mc.ModelConfig) -> str:
     """The model file the backend loads from a version directory."""
-    if config.default_model_filename:
-        return config.default_model_filename
+    named: str = config.default_model_filename
+    if named:
+        return named
     return PLATFORM_FILENAMES.get(config.platform) or DEFAULT_FILENAMES.get(config.backend, "")
 
 
@@ -140,7 +142,9 @@ def fill_defaults(config: mc.ModelConfig) -> None:
         config.optimization.output_pinned_memory.enable = True
 
 
-def complete_tensor(config: mc.ModelConfig, declared: dict, field, name: str, data_type: int, dims: list[int], source: str) -> None:
+def complete_tensor(config: mc.ModelConfig, declared: dict[str, mc.ModelInput | mc.ModelOutput],
+                    field: RepeatedCompositeFieldContainer[mc.ModelInput] | RepeatedCompositeFieldContainer[mc.ModelOutput],
+                    name: str, data_type: int, dims: list[int], source: str) -> None:
     """Add a tensor the model file declares to config inputs/outputs, or check and fill the one listed.
 
     A config value always wins; a datatype that disagrees with the model file is a load error.

@@ -77,7 +77,7 @@ def apply_decoupled_steps(config: mc.ModelConfig, decoupled_steps: set[int]) -> 
         if not ready:
             break  # a cycle: check_ensemble_graph reports it
         for index, step in ready:
-            sources = {origin[t] for t in step.input_map.values()} - {None}
+            sources = {source for t in step.input_map.values() if (source := origin[t]) is not None}
             if len(sources) > 1:
                 raise ConfigError(
                     f"ensemble '{config.name}': step {index} ('{step.model_name}') receives inputs originated "

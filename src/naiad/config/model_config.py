@@ -90,7 +90,7 @@ _INT64_TYPES = {
 }
 
 
-def _fix_int64(message_descriptor: Any, value: dict) -> None:
+def _fix_int64(message_descriptor: Any, value: dict[str, Any]) -> None:
     """protobuf's JSON mapping renders 64-bit ints as strings; Triton's config JSON has numbers."""
     for field in message_descriptor.fields:
         key = field.name
@@ -114,7 +114,7 @@ def _fix_int64(message_descriptor: Any, value: dict) -> None:
             value[key] = [int(v) for v in item] if field.is_repeated else int(item)
 
 
-def config_to_dict(config: mc.ModelConfig) -> dict:
+def config_to_dict(config: mc.ModelConfig) -> dict[str, Any]:
     """The JSON view Triton serves at /config: field names kept, defaults printed, int64 as numbers."""
     value = json_format.MessageToDict(
         config,
@@ -136,13 +136,15 @@ def datatype_name(data_type: int) -> str:
 
 def scheduler_kind(config: mc.ModelConfig) -> str | None:
     """'dynamic_batching', 'sequence_batching', 'ensemble_scheduling' or None (default scheduler)."""
-    return config.WhichOneof("scheduling_choice")
+    kind: str | None = config.WhichOneof("scheduling_choice")
+    return kind
 
 
 def parameter(config: mc.ModelConfig, key: str, default: str | None = None) -> str | None:
     """A string parameter from the config's `parameters` map."""
     if key in config.parameters:
-        return config.parameters[key].string_value
+        value: str = config.parameters[key].string_value
+        return value
     return default
 
 

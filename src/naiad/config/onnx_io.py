@@ -71,10 +71,11 @@ def completed_max_batch_size(config: mc.ModelConfig, inputs: Sequence[ModelTenso
                              default_max_batch_size: int) -> int:
     """max_batch_size after auto-complete: a batchable model with max_batch_size 0 gets the default,
     unless the config lists an input with the model's full rank (it meant "no batching")."""
-    if config.max_batch_size != 0 or not can_batch(inputs, outputs):
-        return config.max_batch_size
+    configured: int = config.max_batch_size
+    if configured != 0 or not can_batch(inputs, outputs):
+        return configured
     full_rank = any(len(c.dims) == len(t.shape) for c in config.input for t in inputs if c.name == t.name)
-    return config.max_batch_size if full_rank else max(default_max_batch_size, 0)
+    return configured if full_rank else max(default_max_batch_size, 0)
 
 
 def _shape(dims: Sequence[int]) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.config.model_config import ConfigError
@@ -27,7 +29,7 @@ class _Reporter:
         raise ConfigError(f"{where}: field '{field}': {message}")
 
 
-def _check_dims(report: _Reporter, field: str, name: str, dims, allow_empty: bool) -> None:
+def _check_dims(report: _Reporter, field: str, name: str, dims: Sequence[int], allow_empty: bool) -> None:
     if not dims and not allow_empty:
         report.fail(field, f"'{name}' must have at least one dimension (use dims: [1] with reshape: {{ shape: [] }} for scalars)", f'"{name}"')
     for dim in dims:
@@ -35,7 +37,7 @@ def _check_dims(report: _Reporter, field: str, name: str, dims, allow_empty: boo
             report.fail(field, f"dimension {dim} of '{name}' must be >= 1 or -1", f'"{name}"')
 
 
-def _check_reshape(report: _Reporter, field: str, tensor) -> None:
+def _check_reshape(report: _Reporter, field: str, tensor: mc.ModelInput | mc.ModelOutput) -> None:
     if not tensor.HasField("reshape"):
         return
     dims, shape = list(tensor.dims), list(tensor.reshape.shape)

@@ -9,31 +9,40 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from tritonclient.grpc import model_config_pb2 as mc
+
+from naiad.backends.base import BackendInstance, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError, ConfigReadError
 from naiad.config.server_config import ServerConfig
-from naiad.backends.base import ServerServices
-from naiad.core.model_loader import PreparedModel, instance_source, instance_specs, instances_memory_bytes, prepare_model
+from naiad.core.model_loader import (
+    PreparedModel,
+    instance_source,
+    instance_specs,
+    instances_memory_bytes,
+    prepare_model,
+)
+from naiad.core.model_residency import ResidencyManager
 from naiad.core.model_version import ModelVersion
-from naiad.scheduling.rate_limiter import RateLimiter
 from naiad.core.model_warmup import warm_up
+from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
 from naiad.protocol.model_names import check_model_name
 from naiad.protocol.model_versions import parse_model_version
-from naiad.protocol.errors import ErrorCode, NaiadError, internal, invalid_arg, not_found
-from naiad.core.model_residency import ResidencyManager
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
-from naiad.runtime.memory import release_free_memory, rss_bytes
 from naiad.repository.local import version_directories
+from naiad.runtime.memory import release_free_memory, rss_bytes
+from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.lifecycle")
 
 # Names of the ensembles being loaded by the current task chain (cycle detection).
-_LOADING: contextvars.ContextVar[frozenset] = contextvars.ContextVar("naiad_loading", default=frozenset())
+_LOADING: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("naiad_loading", default=frozenset())
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 
@@ -51,7 +60,7 @@ class ModelRecord:
 
     name: str
     versions: dict[int, VersionState] = field(default_factory=dict)
-    fingerprint: tuple | None = None
+    fingerprint: tuple[object, ...] | None = None
     config_override: str | None = None
     override_dir: Path | None = None
     dependency_of: set[str] = field(default_factory=set)  # ensembles that loaded this model for themselves
@@ -163,10 +172,10 @@ class ModelLifecycle:
                 return False
         return True
 
-    def index(self, ready_only: bool = False) -> list[dict]:
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         locations, duplicates = self.scan()
         names = sorted(set(locations) | set(duplicates) | set(self.records))
-        entries: list[dict] = []
+        entries: list[dict[str, str]] = []
         for name in names:
             record = self.records.get(name)
             if record is None or not record.versions:
@@ -238,7 +247,7 @@ class ModelLifecycle:
         loop = asyncio.get_running_loop()
         if files:
             model_dir = _write_override_files(name, files)
-            fingerprint: tuple | None = None
+            fingerprint: tuple[object, ...] | None = None
         else:
             locations, duplicates = self.scan()
             if name in duplicates:
@@ -257,7 +266,7 @@ class ModelLifecycle:
             except OSError as exc:
                 reason = f"unable to fetch model '{name}' from '{location.repository.root}': {exc}"
                 log.error("%s", reason)
-                attempted = list(record.versions.items()) or [(1, None)]
+                attempted: list[tuple[int, VersionState | None]] = [*record.versions.items()] or [(1, None)]
                 for version, state in attempted:
                     if state is None or state.state != READY:
                         record.versions[version] = VersionState(UNAVAILABLE, reason)
@@ -265,7 +274,7 @@ class ModelLifecycle:
         if config_override is None and not files and record.override_dir is None:
             config_override = record.config_override  # an override stays in force across reloads
         before = dict(record.versions)
-        for version in version_directories(model_dir) or {1: None}:
+        for version in version_directories(model_dir) or [1]:
             current = record.versions.get(version)
             if current is None or current.state != READY:
                 record.versions[version] = VersionState(LOADING)
@@ -348,7 +357,7 @@ class ModelLifecycle:
         if failed:
             raise self._load_error(record, failed)
 
-    async def _load_dependencies(self, config) -> None:
+    async def _load_dependencies(self, config: mc.ModelConfig) -> None:
         """An ensemble loads (or waits for) its composing models and checks their tensor names."""
         chain = _LOADING.get()
         if config.name in chain:
@@ -387,29 +396,30 @@ class ModelLifecycle:
         except ConfigError as exc:
             raise invalid_arg(str(exc)) from None
 
-    async def _create_instances(self, prepared: PreparedModel, version: int) -> list:
+    async def _create_instances(self, prepared: PreparedModel, version: int) -> list[BackendInstance]:
         """Create every instance of a version in parallel; on any failure close those already made."""
         loop = asyncio.get_running_loop()
         backend, source = instance_source(prepared, version, self.settings, self.backends, self.services)
-        create_async = getattr(backend, "create_instance_async", None)
+        create_async: Callable[[ModelSource, InstanceSpec], Awaitable[BackendInstance]] | None = getattr(
+            backend, "create_instance_async", None
+        )
 
-        async def create(spec):
+        async def create(spec: InstanceSpec) -> BackendInstance:
             if create_async is not None:
                 return await create_async(source, spec)
             return await loop.run_in_executor(self._executor, backend.create_instance, source, spec)
 
         results = await asyncio.gather(*(create(s) for s in instance_specs(prepared.config)), return_exceptions=True)
+        made = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            for made in results:
-                if isinstance(made, BaseException):
-                    continue
-                if hasattr(made, "aclose"):
-                    await made.aclose()
+            for instance in made:
+                if hasattr(instance, "aclose"):
+                    await instance.aclose()
                 else:
-                    made.close()
+                    instance.close()
             raise errors[0]
-        return list(results)
+        return made
 
     def _mark_failed(self, record: ModelRecord, model_dir: Path, reason: str) -> dict[int, str]:
         """Versions that were loading become UNAVAILABLE (READY ones keep serving); {version: reason}."""

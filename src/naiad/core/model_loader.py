@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,14 +11,24 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
+from naiad.config.completion import (
+    default_model_filename,
+    fill_defaults,
+    fill_instance_groups,
+    resolve_backend,
+)
 from naiad.config.ensemble import check_ensemble_graph
-from naiad.config.completion import default_model_filename, fill_defaults, fill_instance_groups, resolve_backend
-from naiad.config.model_config import ConfigError, ConfigReadError, load_config_file, parse_config_json
+from naiad.config.model_config import (
+    ConfigError,
+    ConfigReadError,
+    load_config_file,
+    parse_config_json,
+)
 from naiad.config.server_config import ServerConfig
 from naiad.config.validation import validate_config, validate_read
 from naiad.repository.local import config_file, version_directories
-from naiad.runtime.memory import rss_bytes
 from naiad.runtime.devices import gpu_count
+from naiad.runtime.memory import rss_bytes
 
 log = logging.getLogger(__name__)
 
@@ -119,12 +130,14 @@ def _backend(config: mc.ModelConfig, settings: ServerConfig, backends: BackendRe
 
 def _shared_model_file(backend: Backend) -> Path | None:
     """The model.py a Python-based backend runs for all its models (None for other backends)."""
-    return getattr(backend, "shared_model_file", None)
+    shared: Path | None = getattr(backend, "shared_model_file", None)
+    return shared
 
 
 def _model_file(config: mc.ModelConfig, model_dir: Path, version_dir: Path | None) -> Path:
     assert version_dir is not None
-    return version_dir / config.default_model_filename
+    filename: str = config.default_model_filename
+    return version_dir / filename
 
 
 def instance_specs(config: mc.ModelConfig) -> list[InstanceSpec]:
@@ -160,12 +173,12 @@ def instance_source(
     return backend, source
 
 
-def instances_memory_bytes(instances: list) -> int:
+def instances_memory_bytes(instances: Sequence[object]) -> int:
     """Memory instances hold outside this process: their own report, else their worker's RSS."""
     total = 0
     for instance in instances:
         if hasattr(instance, "memory_bytes"):
             total += instance.memory_bytes()
-        elif getattr(instance, "pid", 0):
-            total += rss_bytes(instance.pid)  # a Python-backend worker process
+        elif pid := getattr(instance, "pid", 0):
+            total += rss_bytes(pid)  # a Python-backend worker process
     return total

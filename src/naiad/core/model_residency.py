@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from naiad.runtime.memory import rss_bytes
 
@@ -20,6 +21,12 @@ HIGH_WATERMARK, LOW_WATERMARK = 0.95, 0.85
 REGROWTH = 0.10
 
 
+class WorkerProcess(Protocol):
+    """An instance that runs in its own process (pid 0 once it has none)."""
+
+    pid: int
+
+
 @dataclass
 class Resident:
     """What residency knows of one loaded model."""
@@ -27,7 +34,7 @@ class Resident:
     memory_bytes: int = 0
     last_used: float = 0.0
     in_flight: int = 0
-    workers: tuple = ()  # its instances that run in their own process (a `pid` attribute, 0 when none)
+    workers: tuple[WorkerProcess, ...] = ()  # its instances that run in their own process
 
 
 class ResidencyManager:
@@ -60,7 +67,7 @@ class ResidencyManager:
         self.evictions: dict[str, int] = {"memory_budget": 0, "idle": 0}
         self._stalled_at: int | None = None  # usage after the last eviction that did not lower it
         self.loads = 0
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -82,7 +89,7 @@ class ResidencyManager:
 
     # ------------------------------------------------------------ bookkeeping
 
-    def loaded(self, name: str, memory_bytes: int, workers: tuple = ()) -> None:
+    def loaded(self, name: str, memory_bytes: int, workers: tuple[WorkerProcess, ...] = ()) -> None:
         self.loads += 1
         resident = self.residents.setdefault(name, Resident())
         resident.memory_bytes = memory_bytes

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ServerServices
+from naiad.backends.base import BackendInstance, RequestModelInstance, ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
-from naiad.observability.statistics import DEFAULT_FIRST_RESPONSE_BUCKETS_MS, ModelStatistics
-from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+from naiad.observability.statistics import (
+    DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
+    ModelStatistics,
+)
+from naiad.runtime.thread_instance import InstancePool, PoolInstance, ThreadInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
@@ -35,7 +40,7 @@ class TensorSpec:
     labels: tuple[str, ...] = ()
 
 
-def _reshape(tensor) -> tuple[int, ...] | None:
+def _reshape(tensor: mc.ModelInput | mc.ModelOutput) -> tuple[int, ...] | None:
     return tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None
 
 
@@ -57,11 +62,18 @@ def _first_response_buckets(config: mc.ModelConfig) -> tuple[float, ...]:
     return DEFAULT_FIRST_RESPONSE_BUCKETS_MS
 
 
+def _pooled(instance: BackendInstance) -> PoolInstance:
+    """Request-level instances run as they are; tensor instances get the thread they execute on."""
+    if hasattr(instance, "execute_requests"):  # the one method tensor instances lack
+        return cast(RequestModelInstance, instance)
+    return ThreadInstance(instance)
+
+
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
-        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: list, services: ServerServices | None = None,
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[BackendInstance], services: ServerServices | None = None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.config = config
@@ -69,7 +81,7 @@ class ModelVersion:
         self.version = version
         self.version_str = str(version)
         self.max_batch_size = config.max_batch_size
-        self.decoupled = config.model_transaction_policy.decoupled
+        self.decoupled: bool = config.model_transaction_policy.decoupled
         self.inputs = {
             t.name: TensorSpec(t.name, datatype_name(t.data_type), tuple(t.dims), _reshape(t), t.optional)
             for t in config.input
@@ -86,7 +98,7 @@ class ModelVersion:
         self.stats = ModelStatistics(
             self.name, self.version_str, _first_response_buckets(config), getattr(services, "summary_quantiles", None)
         )
-        pooled = [i if hasattr(i, "execute_requests") else ThreadInstance(i) for i in instances]
+        pooled = [_pooled(i) for i in instances]
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
             self.pool: InstancePool = rate_limiter.pool(pooled, limits)

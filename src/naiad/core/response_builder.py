@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from naiad.core.model_version import ModelVersion, TensorSpec
 from naiad.protocol.datatypes import datatype_of_array, numpy_dtype
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.tensor_codec import array_to_raw
-from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor, RequestedOutput
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    OutputTensor,
+    RequestedOutput,
+)
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
 
 
@@ -77,7 +84,7 @@ def build_response(
         if wanted.classification > 0:
             array = classify(array, wanted.classification, spec.labels, batched)
             datatype = "BYTES"
-        parameters: dict = {}
+        parameters: dict[str, Any] = {}
         data: np.ndarray | None = array
         if wanted.shared_memory is not None:
             ref = wanted.shared_memory

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 from typing import Any
 
@@ -15,21 +15,35 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import __version__
+from naiad.backends.base import BackendResponse
 from naiad.backends.registry import BackendRegistry
 from naiad.config.model_config import config_to_dict
 from naiad.config.server_config import ServerConfig
 from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.model_version import ModelVersion
 from naiad.core.request_validation import validate_request
-from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.response_builder import build_response
-from naiad.core.server_observability import failure_reason, metrics_settings, residency_families, start_trace
+from naiad.core.response_cache import ResponseCache, cache_key
+from naiad.core.server_observability import (
+    failure_reason,
+    metrics_settings,
+    residency_families,
+    start_trace,
+)
 from naiad.observability.custom_metrics import CustomMetrics
 from naiad.observability.log_settings import LogSettings
-from naiad.observability.tracing import Tracer, parse_trace_config
 from naiad.observability.metrics import MetricsCollector, ModelSeries
+from naiad.observability.tracing import Tracer, parse_trace_config
 from naiad.protocol.datatypes import datatype_of_array
-from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unavailable, unsupported
+from naiad.protocol.errors import (
+    DecoupledModelError,
+    ErrorCode,
+    NaiadError,
+    internal,
+    invalid_arg,
+    unavailable,
+    unsupported,
+)
 from naiad.protocol.model_versions import parse_model_version
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry
@@ -54,7 +68,7 @@ EXTENSIONS = [
 ]
 
 
-def _stream_refused(item, task: asyncio.Task) -> None:
+def _stream_refused(item: WorkItem, task: asyncio.Task[BackendResponse]) -> None:
     """A scheduler that refuses a request raises from enqueue: a streaming caller reads that error from its stream."""
     if task.cancelled() or item.future.done():
         return
@@ -89,9 +103,9 @@ class Server:
             log_format=config.log_format,
         )
         self.tracer = Tracer(parse_trace_config(config.trace_config))
-        settings = metrics_settings(config)
-        self.summary_quantiles = settings.summary_quantiles or None  # read by each ModelVersion's statistics
-        self.metrics = MetricsCollector(self._model_series, settings)
+        metrics_config = metrics_settings(config)
+        self.summary_quantiles = metrics_config.summary_quantiles or None  # read by each ModelVersion's statistics
+        self.metrics = MetricsCollector(self._model_series, metrics_config)
         self.custom_metrics = CustomMetrics()  # families created by model code (pb_utils.MetricFamily)
         self.metrics.extra_families.append(lambda: residency_families(self.models.residency))
         self.metrics.extra_families.append(self.custom_metrics.families)
@@ -100,8 +114,8 @@ class Server:
         self._inflight = 0
         self._idle = asyncio.Event()
         self._thread: threading.Thread | None = None
-        self._poller: asyncio.Task | None = None
-        self._metrics_sampler: asyncio.Task | None = None  # refreshes the per-interval gauges
+        self._poller: asyncio.Task[None] | None = None
+        self._metrics_sampler: asyncio.Task[None] | None = None  # refreshes the per-interval gauges
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------ lifecycle (async)
@@ -174,7 +188,7 @@ class Server:
         log.info("draining %d request(s) (up to %g s)", count, timeout)
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("exit timeout (%g s) reached with %d of %d request(s) still in flight: they are cancelled",
                         timeout, self._inflight, count)
         else:
@@ -195,7 +209,7 @@ class Server:
             return False
         return self.models.all_ready() if self.config.strict_readiness else True
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict[str, Any]:
         return {"name": self.config.server_id, "version": __version__, "extensions": list(EXTENSIONS)}
 
     def _check_serving(self) -> None:
@@ -210,21 +224,21 @@ class Server:
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.models.lookup(name, version).config
 
-    def model_config_dict(self, name: str, version: str = "") -> dict:
+    def model_config_dict(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_dict(self.model_config(name, version))
 
     def is_decoupled(self, name: str, version: str = "") -> bool:
         return self.models.lookup(name, version).decoupled
 
-    def apply_chat_template(self, name: str, messages: list[dict], add_generation_prompt: bool = True) -> str | None:
+    def apply_chat_template(self, name: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
         """The prompt a chat model's tokenizer template makes of `messages`; None when it has no template."""
         for instance in self.models.lookup(name).pool.instances:
-            template = getattr(instance, "apply_chat_template", None)
+            template: Callable[[list[dict[str, Any]], bool], str] | None = getattr(instance, "apply_chat_template", None)
             if template is not None:
                 return template(messages, add_generation_prompt)
         return None
 
-    def model_metadata(self, name: str, version: str = "") -> dict:
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self.models.lookup(name, version)
         config = model.config
         batch = (-1,) if config.max_batch_size > 0 else ()
@@ -378,7 +392,7 @@ class Server:
             if not (self.config.load_on_demand and exc.code is ErrorCode.NOT_FOUND and name in self.models.scan()[0]):
                 raise
 
-    async def _serving_version(self, request: InferenceRequest):
+    async def _serving_version(self, request: InferenceRequest) -> ModelVersion:
         """The version to run; with --load-on-demand an unloaded repository model is loaded first."""
         try:
             return self.models.lookup(request.model_name, request.model_version)
@@ -397,7 +411,7 @@ class Server:
             load.add_done_callback(lambda task: task.cancelled() or task.exception())
             try:
                 await asyncio.wait_for(asyncio.shield(load), request.timeout_us / 1e6 if request.timeout_us else None)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
             except NaiadError as exc:
                 raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
@@ -418,7 +432,7 @@ class Server:
 
     # ------------------------------------------------------------ repository
 
-    def repository_index(self, ready_only: bool = False) -> list[dict]:
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.models.index(ready_only)
 
     def unreadable_models(self) -> dict[str, str]:
@@ -439,12 +453,12 @@ class Server:
 
     # ------------------------------------------------------------ statistics
 
-    def model_statistics(self, name: str = "", version: str = "") -> dict:
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
         stats = []
         if not name:
-            for record_name, record in sorted(self.models.records.items()):
-                for v, model in sorted(record.ready().items()):
-                    stats.append(model.stats.as_dict())
+            for _, each in sorted(self.models.records.items()):
+                for _, loaded in sorted(each.ready().items()):
+                    stats.append(loaded.stats.as_dict())
             return {"model_stats": stats}
         number = parse_model_version(version)
         record = self.models.records.get(name)
@@ -467,27 +481,27 @@ class Server:
 
     # ------------------------------------------------------------ logging extension
 
-    def get_log_settings(self) -> dict:
+    def get_log_settings(self) -> dict[str, Any]:
         return self.log_settings.as_dict()
 
-    def update_log_settings(self, changes: dict) -> dict:
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         return self.log_settings.update(changes)
 
     # ------------------------------------------------------------ trace extension
 
-    def get_trace_settings(self, model: str = "") -> dict:
+    def get_trace_settings(self, model: str = "") -> dict[str, Any]:
         if model and model not in self.models.records:
             raise invalid_arg(f"Request for unknown model : {model}")
         return self.tracer.settings(model)
 
-    def update_trace_settings(self, model: str, changes: dict) -> dict:
+    def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
         if model and model not in self.models.records:
             raise invalid_arg(f"Request for unknown model : {model}")
         return self.tracer.update(model, changes)
 
     # ------------------------------------------------------------ CUDA shared memory (no GPU path)
 
-    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
+    def cuda_shared_memory_status(self, name: str = "") -> list[dict[str, Any]]:
         if name:
             raise invalid_arg(f"Unable to find cuda shared memory region: '{name}'")
         return []
@@ -500,7 +514,7 @@ class Server:
 
     # ------------------------------------------------------------ in-process, synchronous API
 
-    def start(self) -> "Server":
+    def start(self) -> Server:
         """Start on a private event-loop thread, for notebooks and tests without sockets."""
         if self._thread is not None:
             return self
@@ -536,7 +550,7 @@ class Server:
         self._thread.join()
         self._thread = None
 
-    def __enter__(self) -> "Server":
+    def __enter__(self) -> Server:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

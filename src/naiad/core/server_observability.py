@@ -12,7 +12,12 @@ from naiad.observability.exposition import Family
 from naiad.observability.metrics import MetricsSettings
 from naiad.observability.otel import OtelRequest
 from naiad.observability.summary import parse_quantiles
-from naiad.observability.trace_context import ACTIVE_SPAN, NOT_TRACED, REMOTE_TRACEPARENT, valid_traceparent
+from naiad.observability.trace_context import (
+    ACTIVE_SPAN,
+    NOT_TRACED,
+    REMOTE_TRACEPARENT,
+    valid_traceparent,
+)
 from naiad.observability.tracing import Trace, Tracer
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferenceResponse

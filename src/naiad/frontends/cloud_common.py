@@ -7,11 +7,23 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
-from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
+from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
+from naiad.frontends.http.errors import (
+    ClientDisconnected,
+    HttpError,
+    status_and_message,
+)
 from naiad.frontends.http.infer_codec import parse_header_length
 from naiad.frontends.http.infer_handler import infer_payload
-from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
-from naiad.frontends.http.responses import JSON, TEXT, Reply, Send, error_reply, send_error, send_reply
+from naiad.frontends.http.responses import (
+    JSON,
+    TEXT,
+    Reply,
+    Send,
+    error_reply,
+    send_error,
+    send_reply,
+)
 from naiad.frontends.security import HeaderForwarder
 from naiad.frontends.uvicorn_embed import UvicornRunner
 from naiad.protocol.errors import NaiadError, invalid_arg

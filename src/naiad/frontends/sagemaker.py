@@ -26,9 +26,20 @@ from typing import TYPE_CHECKING, Any
 from google.protobuf import json_format
 
 from naiad.config.model_config import ConfigError, parse_config_text
-from naiad.frontends.cloud_common import CloudInfer, CloudListener, error, health_reply, read_json_object, reply
+from naiad.frontends.cloud_common import (
+    CloudInfer,
+    CloudListener,
+    error,
+    health_reply,
+    read_json_object,
+    reply,
+)
 from naiad.frontends.http.body import Receive
-from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
+from naiad.frontends.http.errors import (
+    ClientDisconnected,
+    HttpError,
+    status_and_message,
+)
 from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.guard import HttpGuard, header_value
 from naiad.frontends.http.responses import Reply, Send, empty_reply, json_reply

@@ -90,7 +90,7 @@ class UvicornRunner:
         grace = self._server.config.timeout_graceful_shutdown or 1
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout=grace + 5)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             self._server.force_exit = True
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

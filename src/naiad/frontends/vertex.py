@@ -18,7 +18,13 @@ import re
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from naiad.frontends.cloud_common import CloudInfer, CloudListener, error, health_reply, reply
+from naiad.frontends.cloud_common import (
+    CloudInfer,
+    CloudListener,
+    error,
+    health_reply,
+    reply,
+)
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.body import Receive
 from naiad.frontends.http.guard import header_value

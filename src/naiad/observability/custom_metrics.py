@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from naiad.observability.exposition import Family
 
@@ -35,7 +36,7 @@ class CustomMetrics:
         self._families: dict[str, _CustomFamily] = {}
         self._lock = threading.Lock()
 
-    def update(self, op: str, *args: object) -> None:
+    def update(self, op: str, *args: Any) -> None:  # decoded from a worker's message
         with self._lock:
             if op == "family":
                 name, description, kind = args

@@ -7,7 +7,11 @@ from dataclasses import dataclass
 
 from naiad.observability.exposition import Family, render
 from naiad.observability.statistics import FAILURE_REASONS, ModelStatistics
-from naiad.observability.summary import CACHE_SUMMARY_FAMILIES, SUMMARY_FAMILIES, parse_quantiles
+from naiad.observability.summary import (
+    CACHE_SUMMARY_FAMILIES,
+    SUMMARY_FAMILIES,
+    parse_quantiles,
+)
 from naiad.observability.system_metrics import SystemMetrics
 
 _DURATIONS = [

@@ -29,7 +29,7 @@ class OtelUnavailable(RuntimeError):
 def require_sdk() -> None:
     """Raise OtelUnavailable, saying what to install, unless the SDK and the OTLP/HTTP exporter import."""
     try:
-        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
         import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         raise OtelUnavailable(
@@ -91,12 +91,16 @@ class OtelExporter:
     def __init__(self, settings: OtelSettings) -> None:
         require_sdk()
         settings.check()
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
         from opentelemetry.trace import SpanKind, set_span_in_context
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+        from opentelemetry.trace.propagation.tracecontext import (
+            TraceContextTextMapPropagator,
+        )
 
         self.settings = settings
         self._provider = TracerProvider(resource=Resource.create(dict(settings.resource)), shutdown_on_exit=False)

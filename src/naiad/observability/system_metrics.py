@@ -11,6 +11,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from types import ModuleType
 
 from naiad.observability.exposition import Family
 
@@ -137,7 +138,7 @@ class GpuReader:
         finally:
             pynvml.nvmlShutdown()
 
-    def _read(self, pynvml) -> list[Family]:  # type: ignore[no-untyped-def]
+    def _read(self, pynvml: ModuleType) -> list[Family]:
         util = Family("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)")
         mem_total = Family("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes")
         mem_used = Family("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes")

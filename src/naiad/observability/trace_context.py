@@ -58,7 +58,7 @@ def find_traceparent(pairs: Iterable[tuple[Any, Any]]) -> str:
     return ""
 
 
-class incoming_traceparent:  # noqa: N801 (used like a function: `with incoming_traceparent(headers):`)
+class incoming_traceparent:  # used like a function: `with incoming_traceparent(headers):`
     """The request's traceparent (if any) for the server calls made inside the block.
 
     Reset on the way out: a frontend may serve several requests in one context (a connection's

@@ -255,7 +255,7 @@ def parse_trace_config(entries: list[str]) -> TraceConfig:
         except ValueError as exc:
             raise ValueError(f"--trace-config {entry}: {exc}") from None
     if levels:
-        config.level = tuple(l for l in levels if l != "OFF") or ("OFF",)
+        config.level = tuple(level for level in levels if level != "OFF") or ("OFF",)
     if config.mode == "opentelemetry":
         config.otel.check()
     return config

@@ -12,7 +12,12 @@ from typing import Any
 import numpy as np
 import orjson
 
-from naiad.protocol.datatypes import BYTE_SIZES, WIRE_DTYPES, is_valid_datatype, numpy_dtype
+from naiad.protocol.datatypes import (
+    BYTE_SIZES,
+    WIRE_DTYPES,
+    is_valid_datatype,
+    numpy_dtype,
+)
 from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.request_json import json_preview
 
@@ -133,20 +138,20 @@ def array_to_raw(array: np.ndarray, datatype: str) -> bytes | memoryview:
     if array.dtype != wire:
         array = array.astype(wire)
     array = np.ascontiguousarray(array)
-    return memoryview(array).cast("B") if array.size else b""
+    return array.data.cast("B") if array.size else b""
 
 
 # ---------------------------------------------------------------- JSON
 
 
-def _flatten(data: list, name: str) -> list:
+def _flatten(data: list[Any], name: str) -> list[Any]:
     """Flatten nested JSON lists row-major, refusing nesting deeper than MAX_JSON_DEPTH."""
     if not data or not isinstance(data[0], list):
         if any(isinstance(x, list) for x in data):
             raise invalid_arg(f"unable to parse 'data' of input '{name}': ragged nested arrays")
         return data
-    flat: list = []
-    stack: list[tuple[list, int]] = [(data, 1)]
+    flat: list[Any] = []
+    stack: list[tuple[list[Any], int]] = [(data, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_JSON_DEPTH:
@@ -197,7 +202,7 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
     return _numbers_from_json(flat, datatype, name).reshape(shape)
 
 
-def _numbers_from_json(flat: list, datatype: str, name: str) -> np.ndarray:
+def _numbers_from_json(flat: list[Any], datatype: str, name: str) -> np.ndarray:
     """A flat list of JSON numbers (or booleans for BOOL) as a `datatype` array.
 
     Integers must fit the type (a clear 400 where Triton would wrap them); floats round to
@@ -222,7 +227,7 @@ def _numbers_from_json(flat: list, datatype: str, name: str) -> np.ndarray:
         return parsed.astype(dtype, copy=False)
 
 
-def _python_numbers(flat: list, datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
+def _python_numbers(flat: list[Any], datatype: str, dtype: np.dtype, name: str) -> np.ndarray:
     if dtype.kind in "iu":
         if not all(type(x) is int for x in flat):
             raise _not_valid(datatype, name)
@@ -259,7 +264,7 @@ def _non_finite_token(value: float) -> bytes:
     return b"NaN" if value != value else (b"Infinity" if value > 0 else b"-Infinity")
 
 
-def non_finite_json(flat: np.ndarray) -> list:
+def non_finite_json(flat: np.ndarray) -> list[Any]:
     """Elements ready for orjson, with NaN / Infinity / -Infinity spelled as Triton writes them
     (orjson alone would write null). Finite elements stay numpy scalars, written at their precision."""
     return [x if np.isfinite(x) else orjson.Fragment(_non_finite_token(x)) for x in flat]
@@ -281,7 +286,7 @@ def non_finite_json_array(flat: np.ndarray) -> orjson.Fragment:
     return orjson.Fragment(b"[" + b",".join(parts) + b"]")
 
 
-def array_to_json(array: np.ndarray, datatype: str) -> list:
+def array_to_json(array: np.ndarray, datatype: str) -> list[Any]:
     """Flat row-major list of an output tensor, for orjson (non-finite floats are orjson Fragments)."""
     if datatype in ("FP16", "BF16"):
         raise NaiadError(

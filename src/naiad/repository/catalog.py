@@ -40,7 +40,9 @@ def open_repository(url: str) -> Repository:
     if url.startswith("file://"):
         return LocalRepository(url[len("file://"):])
     if "://" in url:
-        from naiad.repository.remote import RemoteRepository  # optional: needs fsspec and a filesystem
+        from naiad.repository.remote import (
+            RemoteRepository,  # optional: needs fsspec and a filesystem
+        )
 
         return RemoteRepository(url)
     return LocalRepository(url)

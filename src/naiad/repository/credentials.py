@@ -110,7 +110,10 @@ def azure_options(location: CloudLocation, entry: Any | None, environ: Mapping[s
 
 def _azure_identity(auth_type: str, client_id: str | None) -> Any:
     """An async azure-identity credential (adlfs talks to Blob storage through the aio client)."""
-    from azure.identity.aio import DefaultAzureCredential, ManagedIdentityCredential  # installed with adlfs
+    from azure.identity.aio import (  # installed with adlfs
+        DefaultAzureCredential,
+        ManagedIdentityCredential,
+    )
 
     if auth_type == "managed_identity":
         return ManagedIdentityCredential(client_id=client_id)

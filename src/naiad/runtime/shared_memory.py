@@ -25,7 +25,7 @@ class _Region:
     byte_size: int
     mapping: mmap.mmap
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, str | int]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
@@ -87,7 +87,7 @@ class SystemSharedMemoryRegistry:
                         # A numpy view still points into it; the mapping closes when that view dies.
                         pass
 
-    def status(self, name: str = "") -> list[dict]:
+    def status(self, name: str = "") -> list[dict[str, str | int]]:
         with self._lock:
             if name:
                 region = self._regions.get(name)

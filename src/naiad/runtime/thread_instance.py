@@ -12,9 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from naiad.backends.base import ExecutionBatch, ModelInstance
+from naiad.backends.base import ExecutionBatch, ModelInstance, RequestModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
-
 
 # Executions shorter than this run inline on the event loop: a thread hand-off costs more
 # (~50-150 us) than the work itself, and blocking the loop for this long is harmless.
@@ -33,7 +32,7 @@ class ThreadInstance:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"naiad-{instance.name}")
         self._threshold = inline_threshold_ns
         self._average_ns = float(inline_threshold_ns * 10)  # start on the thread until measured
-        self._unfinished: concurrent.futures.Future | None = None
+        self._unfinished: concurrent.futures.Future[dict[str, np.ndarray]] | None = None
 
     @property
     def inline(self) -> bool:
@@ -55,7 +54,7 @@ class ThreadInstance:
             self._unfinished = running
             raise
 
-    def take_unfinished(self) -> concurrent.futures.Future | None:
+    def take_unfinished(self) -> concurrent.futures.Future[dict[str, np.ndarray]] | None:
         """After a cancelled execute: the execution still running on the thread (None if none)."""
         running, self._unfinished = self._unfinished, None
         return running
@@ -79,6 +78,10 @@ class ThreadInstance:
         self.instance.close()
 
 
+# What a pool hands out: a thread-run tensor instance or a request-level one (Python backend, LLMs).
+PoolInstance = ThreadInstance | RequestModelInstance
+
+
 class InstancePool:
     """The instances of one model version (thread-run or request-level); idle ones are handed out first-come.
 
@@ -87,20 +90,22 @@ class InstancePool:
     whose caller is cancelled leaves its queue in O(1), however many wait.
     """
 
-    def __init__(self, instances: list) -> None:
+    def __init__(self, instances: list[PoolInstance]) -> None:
         self.instances = instances
-        self._idle: collections.deque = collections.deque(instances)
-        self._waiters: RemovableQueue[asyncio.Future] = RemovableQueue()  # callers taking any instance
-        self._wanted: dict[int, RemovableQueue[asyncio.Future]] = {id(inst): RemovableQueue() for inst in instances}
-        self._executions: set[asyncio.Future] = set()  # executions the pool waits for before closing
+        self._idle: collections.deque[PoolInstance] = collections.deque(instances)
+        self._waiters: RemovableQueue[asyncio.Future[PoolInstance]] = RemovableQueue()  # callers taking any instance
+        self._wanted: dict[int, RemovableQueue[asyncio.Future[PoolInstance]]] = {
+            id(inst): RemovableQueue() for inst in instances
+        }
+        self._executions: set[asyncio.Future[None]] = set()  # executions the pool waits for before closing
 
-    async def acquire(self, instance=None):  # -> ThreadInstance | RequestModelInstance
+    async def acquire(self, instance: PoolInstance | None = None) -> PoolInstance:
         """An idle instance (that one, when given), waiting for it as long as needed."""
         granted = self.try_acquire(instance)
         if granted is not None:
             return granted
         waiters = self._waiters if instance is None else self._wanted[id(instance)]
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[PoolInstance] = asyncio.get_running_loop().create_future()
         waiters.append(future)
         try:
             return await future
@@ -111,7 +116,7 @@ class InstancePool:
                 waiters.discard(future)
             raise
 
-    def try_acquire(self, instance=None):
+    def try_acquire(self, instance: PoolInstance | None = None) -> PoolInstance | None:
         """An idle instance (that one, when given) right now, or None; earlier waiters go first."""
         if instance is None:
             if self._waiters or not self._idle:
@@ -122,7 +127,7 @@ class InstancePool:
         self._idle.remove(instance)  # a handful of instances: linear is fine
         return instance
 
-    def release(self, instance) -> None:
+    def release(self, instance: PoolInstance) -> None:
         for waiters in (self._wanted.get(id(instance)), self._waiters):
             while waiters:
                 future = waiters.popleft()
@@ -131,7 +136,7 @@ class InstancePool:
                     return
         self._idle.append(instance)
 
-    def run(self, instance, execution: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+    def run(self, instance: PoolInstance, execution: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run an execution on an acquired instance as a task of its own, then release the instance.
 
         Whoever awaits the task may stop waiting (its request was cancelled): the execution goes on,
@@ -143,13 +148,14 @@ class InstancePool:
         task.add_done_callback(self._executions.discard)
         return task
 
-    async def _hold(self, instance, execution: Coroutine[Any, Any, None]) -> None:
+    async def _hold(self, instance: PoolInstance, execution: Coroutine[Any, Any, None]) -> None:
         try:
             await execution
         finally:
             self.release(instance)
 
-    def release_when_finished(self, instance, unfinished: asyncio.Future | concurrent.futures.Future | None,
+    def release_when_finished(self, instance: PoolInstance,
+                              unfinished: asyncio.Future[Any] | concurrent.futures.Future[Any] | None,
                               on_finished: Callable[[], None]) -> None:
         """An execution's caller was cancelled: release the instance (and call on_finished) only once the
         execution still running on its thread or worker has ended; at once when nothing is running."""
@@ -157,7 +163,7 @@ class InstancePool:
             self.release(instance)
             return
         loop = asyncio.get_running_loop()
-        ended = loop.create_future()
+        ended: asyncio.Future[None] = loop.create_future()
         self._executions.add(ended)
 
         def finished() -> None:

@@ -11,12 +11,21 @@ from typing import Protocol
 
 import numpy as np
 
-from naiad.backends.base import (BackendRequest, BackendResponse, ExecutionBatch, ExecutionOutcome, ExecutionTiming,
-                                 RequestModelInstance)
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ExecutionBatch,
+    ExecutionOutcome,
+    ExecutionTiming,
+    RequestModelInstance,
+)
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+
+# (input name, dtype, non-batch shape) of every input, sorted by name.
+BatchSignature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
 @dataclass(eq=False)  # identity: queues look requests up with `in`/remove()
@@ -31,17 +40,17 @@ class WorkItem:
     output_names: list[str]
     batch_size: int
     request: InferenceRequest | None = None
-    stream: asyncio.Queue | None = None
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    stream: asyncio.Queue[BackendResponse] | None = None
+    future: asyncio.Future[BackendResponse] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     enqueue_ns: int = field(default_factory=time.perf_counter_ns)
     dispatch_ns: int = 0
     input_end_ns: int = 0
     output_start_ns: int = 0
     compute_end_ns: int = 0
     padding: bool = False  # a sequence-slot filler row: nobody waits, its responses are dropped
-    signature: tuple | None = None  # cached by can_join: batch formation compares it many times
+    signature: BatchSignature | None = None  # cached by can_join: batch formation compares it many times
     # Request rescheduling: a scheduler that can queue this item again sets this (see BackendRequest.reschedule).
-    reschedule: Callable[["WorkItem"], None] | None = None
+    reschedule: Callable[[WorkItem], None] | None = None
 
     def deliver(self, response: BackendResponse) -> None:
         """Route one response of this request to its waiter (event-loop thread only)."""
@@ -87,7 +96,7 @@ class Scheduler(Protocol):
     async def stop(self) -> None: ...
 
 
-def _batch_signature(item: WorkItem) -> tuple:
+def _batch_signature(item: WorkItem) -> BatchSignature:
     """Requests can share a batch only when every non-batch dimension matches."""
     signature = item.signature
     if signature is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
@@ -19,8 +20,10 @@ class DirectScheduler:
         self._batching = batching
         self._inflight = 0
         self._waiting = 0
-        self._rescheduled: set[asyncio.Task] = set()
-        self._queued_at_instances = [inst.queued for inst in pool.instances if hasattr(inst, "queued")]
+        self._rescheduled: set[asyncio.Task[None]] = set()
+        self._queued_at_instances: list[Callable[[], int]] = [
+            inst.queued for inst in pool.instances if hasattr(inst, "queued")
+        ]
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
         self._inflight += 1

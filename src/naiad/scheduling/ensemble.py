@@ -11,8 +11,8 @@ from naiad.backends.base import BackendResponse, ServerServices
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.scheduling.base import WorkItem
+from naiad.scheduling.ensemble_steps import step_error, step_outputs, step_request
 from naiad.scheduling.ensemble_stream import StreamingEnsembleRun
-from naiad.scheduling.ensemble_steps import step_error, step_request
 
 
 class EnsembleScheduler:
@@ -50,7 +50,7 @@ class EnsembleScheduler:
     async def _run(self, item: WorkItem) -> dict[str, np.ndarray]:
         tensors: dict[str, np.ndarray] = dict(item.inputs)
         pending = list(enumerate(self._steps))
-        running: dict[asyncio.Task, int] = {}
+        running: dict[asyncio.Task[dict[str, np.ndarray]], int] = {}
         try:
             while pending or running:
                 for index, step in [p for p in pending if set(p[1].input_map.values()) <= tensors.keys()]:
@@ -74,7 +74,7 @@ class EnsembleScheduler:
             response = await self._services.infer_async(step_request(step, inputs, item.request))
         except NaiadError as exc:
             raise step_error(self._name, index, step, exc) from None
-        produced = {out.name: out.data for out in response.outputs}
+        produced = step_outputs(response)
         return {tensor: produced[model_output] for model_output, tensor in step.output_map.items()}
 
     def inflight(self) -> int:

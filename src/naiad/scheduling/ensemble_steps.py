@@ -7,7 +7,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.protocol.datatypes import datatype_of_array
 from naiad.protocol.errors import NaiadError
-from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 
 
 def step_request(step: mc.ModelEnsembling.Step, inputs: dict[str, np.ndarray], parent: InferenceRequest | None) -> InferenceRequest:
@@ -26,6 +26,11 @@ def step_request(step: mc.ModelEnsembling.Step, inputs: dict[str, np.ndarray], p
         sequence_start=parent.sequence_start if parent else False,
         sequence_end=parent.sequence_end if parent else False,
     )
+
+
+def step_outputs(response: InferenceResponse) -> dict[str, np.ndarray]:
+    """A step's outputs by model output name (step requests never ask for shared memory, so all carry data)."""
+    return {out.name: out.data for out in response.outputs if out.data is not None}
 
 
 def step_error(ensemble: str, index: int, step: mc.ModelEnsembling.Step, exc: NaiadError) -> NaiadError:

@@ -19,7 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import BackendResponse, ServerServices
 from naiad.protocol.errors import NaiadError, internal
 from naiad.scheduling.base import WorkItem
-from naiad.scheduling.ensemble_steps import step_error, step_request
+from naiad.scheduling.ensemble_steps import step_error, step_outputs, step_request
 
 Key = tuple[int, ...]
 
@@ -51,7 +51,7 @@ class StreamingEnsembleRun:
         self._answered: set[Key] = set()
         self._events: asyncio.Queue[_Event] = asyncio.Queue()
         self._running = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         """Deliver every ensemble response to the item; raises the first step error."""
@@ -129,8 +129,9 @@ class StreamingEnsembleRun:
         try:
             async for response, final in self._services.infer_stream(step_request(step, inputs, self._item.request)):
                 tensors = None
+                assert not isinstance(response, NaiadError)  # errors are raised, not yielded (errors_inline=False)
                 if response is not None:
-                    produced = {out.name: out.data for out in response.outputs}
+                    produced = step_outputs(response)
                     tensors = {t: produced[n] for n, t in step.output_map.items() if n in produced}
                     # A lone final response is the step's only one: its outputs stay under `key`.
                     sub = key if final and count == 0 else key + (count,)

@@ -16,12 +16,13 @@ Off (the default), models get a plain InstancePool and the request path never se
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.runtime.removable_queue import RemovableQueue
-from naiad.runtime.thread_instance import InstancePool
+from naiad.runtime.thread_instance import InstancePool, PoolInstance
 
 RATE_LIMIT_MODES = ("off", "execution_count")
 
@@ -70,13 +71,13 @@ class InstanceLimits:
         return cls(tuple(needs.items()), max(limiter.priority, 1))
 
 
-Waiter = tuple[int, asyncio.Future]  # (arrival number, future granted the instance)
+Waiter = tuple[int, asyncio.Future[PoolInstance]]  # (arrival number, future granted the instance)
 
 
 @dataclass
 class _PoolState:
     limits: dict[int, InstanceLimits]  # id(instance) -> its limits
-    idle: list = field(default_factory=list)
+    idle: list[PoolInstance] = field(default_factory=list)
     waiters: RemovableQueue[Waiter] = field(default_factory=RemovableQueue)  # callers taking any instance
     wanted: dict[int, RemovableQueue[Waiter]] = field(default_factory=dict)  # id(instance) -> its own callers
 
@@ -84,23 +85,27 @@ class _PoolState:
         return [self.waiters, *self.wanted.values()]
 
 
+# A grant _dispatch may make: (rank, pool state, waiter queue, instance); the lowest rank goes first.
+_Choice = tuple[tuple[float, int, int], _PoolState, RemovableQueue[Waiter], PoolInstance]
+
+
 class RateLimitedPool(InstancePool):
     """An InstancePool whose hand-outs go through the server's RateLimiter."""
 
-    def __init__(self, instances: list, limits: list[InstanceLimits], limiter: RateLimiter) -> None:
+    def __init__(self, instances: list[PoolInstance], limits: list[InstanceLimits], limiter: RateLimiter) -> None:
         if len(instances) != len(limits):
             raise ValueError("every instance needs its rate limiter settings")
         super().__init__(instances)
         self._limiter = limiter
         limiter.register(self, limits)
 
-    async def acquire(self, instance=None):
+    async def acquire(self, instance: PoolInstance | None = None) -> PoolInstance:
         return await self._limiter.acquire(self, instance)
 
-    def try_acquire(self, instance=None):
+    def try_acquire(self, instance: PoolInstance | None = None) -> PoolInstance | None:
         return self._limiter.try_acquire(self, instance)
 
-    def release(self, instance) -> None:
+    def release(self, instance: PoolInstance) -> None:
         self._limiter.release(self, instance)
 
     async def close(self) -> None:
@@ -112,7 +117,7 @@ class RateLimitedPool(InstancePool):
 class RateLimiter:
     """Resource pools and waiting instances of one server; everything runs on the event loop."""
 
-    def __init__(self, mode: str = "off", overrides: list[str] | list[ResourceOverride] = ()) -> None:
+    def __init__(self, mode: str = "off", overrides: Sequence[str | ResourceOverride] = ()) -> None:
         if mode not in RATE_LIMIT_MODES:
             raise ValueError(f"--rate-limit must be one of {', '.join(RATE_LIMIT_MODES)}, got '{mode}'")
         self.mode = mode
@@ -121,14 +126,14 @@ class RateLimiter:
         self._pools: dict[RateLimitedPool, _PoolState] = {}
         self._capacity: dict[ResourceKey, int] = {}
         self._in_use: dict[ResourceKey, int] = {}
-        self._held: dict[int, tuple] = {}  # id(instance) -> the needs it holds while executing
+        self._held: dict[int, tuple[tuple[ResourceKey, int], ...]] = {}  # id(instance) -> the needs it holds while executing
         self._pass: dict[int, float] = {}  # id(instance) -> stride pass
         self._virtual = 0.0  # pass of the latest grant; where newcomers and long-idle instances start
         self._seq = 0
 
     # ------------------------------------------------------------ pools
 
-    def pool(self, instances: list, limits: list[InstanceLimits]) -> InstancePool:
+    def pool(self, instances: list[PoolInstance], limits: list[InstanceLimits]) -> InstancePool:
         """The pool a model version should use: limited when on, the plain one when off."""
         if not self.enabled:
             return InstancePool(instances)
@@ -191,7 +196,7 @@ class RateLimiter:
 
     # ------------------------------------------------------------ hand-outs
 
-    def try_acquire(self, pool: RateLimitedPool, wanted=None):
+    def try_acquire(self, pool: RateLimitedPool, wanted: PoolInstance | None = None) -> PoolInstance | None:
         """An instance of the pool (that one, when wanted is given) that may run now, or None."""
         state = self._pools[pool]
         if (state.waiters if wanted is None else state.wanted[id(wanted)]):
@@ -201,13 +206,13 @@ class RateLimiter:
             self._grant(state, instance)
         return instance
 
-    async def acquire(self, pool: RateLimitedPool, wanted=None):
+    async def acquire(self, pool: RateLimitedPool, wanted: PoolInstance | None = None) -> PoolInstance:
         instance = self.try_acquire(pool, wanted)
         if instance is not None:
             return instance
         state = self._pools[pool]
         queue = state.waiters if wanted is None else state.wanted[id(wanted)]
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[PoolInstance] = asyncio.get_running_loop().create_future()
         self._seq += 1
         entry = (self._seq, future)
         queue.append(entry)
@@ -220,7 +225,7 @@ class RateLimiter:
                 queue.discard(entry)  # O(1) however many wait
             raise
 
-    def release(self, pool: RateLimitedPool, instance) -> None:
+    def release(self, pool: RateLimitedPool, instance: PoolInstance) -> None:
         for key, count in self._held.pop(id(instance), ()):
             self._in_use[key] -= count
         state = self._pools.get(pool)
@@ -231,10 +236,10 @@ class RateLimiter:
     def _fits(self, limits: InstanceLimits) -> bool:
         return all(self._in_use.get(key, 0) + count <= self._capacity.get(key, 0) for key, count in limits.needs)
 
-    def _effective_pass(self, instance) -> float:
+    def _effective_pass(self, instance: PoolInstance) -> float:
         return max(self._pass[id(instance)], self._virtual)
 
-    def _candidate(self, state: _PoolState, wanted=None):
+    def _candidate(self, state: _PoolState, wanted: PoolInstance | None = None) -> PoolInstance | None:
         """The idle instance of this pool (wanted only, when given) that may run now (lowest pass first), or None."""
         best = None
         for instance in state.idle:
@@ -245,7 +250,7 @@ class RateLimiter:
                     best = instance
         return best
 
-    def _grant(self, state: _PoolState, instance) -> None:
+    def _grant(self, state: _PoolState, instance: PoolInstance) -> None:
         limits = state.limits[id(instance)]
         state.idle.remove(instance)
         for key, count in limits.needs:
@@ -258,7 +263,7 @@ class RateLimiter:
     def _dispatch(self) -> None:
         """Hand free instances to waiters until nobody waiting can run; lowest pass wins across models."""
         while True:
-            best = None
+            best: _Choice | None = None
             for state in self._pools.values():
                 for queue in state.queues():
                     while queue and queue.peek()[1].done():  # cancelled, not withdrawn yet
@@ -276,7 +281,8 @@ class RateLimiter:
             _, future = queue.popleft()
             future.set_result(instance)
 
-    def _better(self, best: tuple | None, state: _PoolState, queue: RemovableQueue[Waiter], instance) -> tuple | None:
+    def _better(self, best: _Choice | None, state: _PoolState, queue: RemovableQueue[Waiter],
+                instance: PoolInstance | None) -> _Choice | None:
         """The better of best and (queue's first waiter, instance); instance None means it cannot run."""
         if instance is None:
             return best

@@ -9,6 +9,7 @@ import functools
 import heapq
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -32,7 +33,7 @@ class _Control:
     name: str
     kind: int
     dtype: np.dtype
-    values: tuple = (0, 1)
+    values: tuple[float, float] = (0, 1)
 
 
 @dataclass
@@ -56,6 +57,12 @@ class _Sequence:
     state: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+def _request_of(item: WorkItem) -> InferenceRequest:
+    """The request of a sequence's item (enqueue admits only items that carry one)."""
+    assert item.request is not None
+    return item.request
+
+
 def _controls(config: mc.ModelSequenceBatching) -> list[_Control]:
     result = []
     for control_input in config.control_input:
@@ -72,7 +79,7 @@ def _controls(config: mc.ModelSequenceBatching) -> list[_Control]:
     return result
 
 
-def _states(config: mc.ModelSequenceBatching, model_dir) -> list[_State]:
+def _states(config: mc.ModelSequenceBatching, model_dir: Path) -> list[_State]:
     result = []
     for state in config.state:
         dtype = numpy_dtype(CONFIG_TO_PROTOCOL[mc.DataType.Name(state.data_type)])
@@ -91,7 +98,7 @@ def _states(config: mc.ModelSequenceBatching, model_dir) -> list[_State]:
 class SequenceBatcher:
     """Direct and oldest strategies share one engine: sequences pinned to instances, one request per sequence per batch."""
 
-    def __init__(self, pool: InstancePool, stats: ModelStatistics, config: mc.ModelConfig, model_dir) -> None:
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, config: mc.ModelConfig, model_dir: Path) -> None:
         sequence = config.sequence_batching
         self._pool = pool
         self._stats = stats
@@ -99,6 +106,7 @@ class SequenceBatcher:
         self._batching = config.max_batch_size > 0
         self._direct = sequence.WhichOneof("strategy_choice") != "oldest"
         self._min_utilization = 0.0
+        self._delay_s: float
         if not self._direct:
             per_instance = max(sequence.oldest.max_candidate_sequences, 1)
             self._delay_s = sequence.oldest.max_queue_delay_microseconds / 1e6
@@ -132,9 +140,9 @@ class SequenceBatcher:
         request = item.request
         if self._iterative and request is not None:
             request = item.request = self._iterative_request(request)
-        cid = request.sequence_id if request is not None else 0
-        if cid in (0, ""):
+        if request is None or request.sequence_id in (0, ""):
             raise invalid_arg(f"inference request to model '{self._name}' must specify a non-zero or non-empty correlation ID")
+        cid = request.sequence_id
         for control in self._controls:
             if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
                 integer_id = isinstance(cid, int)
@@ -317,9 +325,8 @@ class SequenceBatcher:
 
     def _decorate(self, sequence: _Sequence, item: WorkItem) -> None:
         """Add control tensors and the implicit state input; ask for the state output."""
-        request = item.request
         start = not sequence.started
-        end = bool(request.sequence_end)
+        end = bool(_request_of(item).sequence_end)
         shape = (1, 1) if self._batching else (1,)
         for control in self._controls:
             if control.kind == _Kind.CONTROL_SEQUENCE_CORRID:
@@ -344,7 +351,7 @@ class SequenceBatcher:
                 item.output_names = item.output_names + [state.output_name]
         sequence.started = True
 
-    def _answered(self, sequence: _Sequence, item: WorkItem, _: asyncio.Future) -> None:
+    def _answered(self, sequence: _Sequence, item: WorkItem, _: asyncio.Future[BackendResponse]) -> None:
         self._after(sequence, item)
 
     def _after(self, sequence: _Sequence, item: WorkItem) -> None:
@@ -357,7 +364,7 @@ class SequenceBatcher:
                     sequence.state[state.input_name] = outputs[state.output_name]
         if self._iterative:
             pass  # released when the request's final response arrived (see _track_iterative)
-        elif item.request.sequence_end:
+        elif _request_of(item).sequence_end:
             self._release(sequence)
         elif sequence.queue and sequence.instance >= 0:
             self._wakeups[sequence.instance].set()
@@ -376,13 +383,14 @@ class SequenceBatcher:
 
     def _reschedule(self, item: WorkItem) -> None:
         """The backend released the request with RESCHEDULE: it runs again, first in its sequence, flags cleared."""
-        sequence = self._sequences.get(item.request.sequence_id)
+        request = _request_of(item)
+        sequence = self._sequences.get(request.sequence_id)
         if sequence is None:  # its sequence timed out meanwhile (Triton answers the same)
             item.fail(invalid_arg(
-                f"inference request for sequence {item.request.sequence_id} to model '{self._name}' must specify the "
+                f"inference request for sequence {request.sequence_id} to model '{self._name}' must specify the "
                 "START flag on the first request of the sequence"))
             return
-        item.request = dataclasses.replace(item.request, sequence_start=False, sequence_end=False)
+        item.request = dataclasses.replace(request, sequence_start=False, sequence_end=False)
         sequence.last_seen = time.monotonic()
         sequence.queue.appendleft(item)
         if sequence.instance >= 0:
@@ -391,7 +399,7 @@ class SequenceBatcher:
     def _track_iterative(self, sequence: _Sequence, item: WorkItem) -> None:
         item.reschedule = self._reschedule
 
-        def finished(_: asyncio.Future) -> None:
+        def finished(_: asyncio.Future[BackendResponse]) -> None:
             if self._sequences.get(sequence.correlation_id) is sequence:
                 self._release(sequence)
         item.future.add_done_callback(finished)

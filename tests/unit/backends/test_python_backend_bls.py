@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 
 from naiad import Server
-from tests.integration.test_python_backend_support import REPEAT_CONFIG, REPEAT_PY, add_sub, write_model
+from tests.integration.test_python_backend_support import (
+    REPEAT_CONFIG,
+    REPEAT_PY,
+    add_sub,
+    write_model,
+)
 from tests.support.onnx_models import add_sub_model
 
 BLS_CONFIG = """
@@ -153,7 +158,7 @@ class TritonPythonModel:
 def test_large_outputs_are_lent_and_handed_back(tmp_path):
     import gc
 
-    from tests.integration.test_python_backend_support import wait_for
+    from tests.support.waiting import wait_until
 
     write_model(tmp_path, "big", BIG_CONFIG, BIG_PY)
     data = np.random.default_rng(3).random(262144, dtype=np.float32)  # 1 MiB: above the zero-copy threshold
@@ -167,4 +172,4 @@ def test_large_outputs_are_lent_and_handed_back(tmp_path):
         assert held  # the last response still lends the worker's block
         del out
         gc.collect()
-        wait_for(lambda: not session.outputs._holds)
+        wait_until(lambda: not session.outputs._holds)

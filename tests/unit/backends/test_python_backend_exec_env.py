@@ -13,7 +13,11 @@ import numpy as np
 import pytest
 
 from naiad import Server
-from naiad.backends.python.launcher import MODEL_DIRECTORY_VARIABLE, ExecutionEnvError, resolve_launch
+from naiad.backends.python.launcher import (
+    MODEL_DIRECTORY_VARIABLE,
+    ExecutionEnvError,
+    resolve_launch,
+)
 from tests.integration.test_python_backend_support import write_model
 
 ENV_CONFIG = """

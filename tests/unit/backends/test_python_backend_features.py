@@ -10,7 +10,12 @@ import pytest
 
 from naiad import ErrorCode, NaiadError, Server
 from naiad.protocol.types import InferenceRequest, InferInput
-from tests.integration.test_python_backend_support import SIMPLE_CONFIG, add_sub, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    SIMPLE_CONFIG,
+    add_sub,
+    write_model,
+)
+from tests.support.waiting import wait_until
 
 BATCH_CONFIG = """
 backend: "python"
@@ -194,15 +199,15 @@ def test_is_ready_and_logger(server, caplog):
     server, repo = server
     with caplog.at_level(logging.INFO, logger="naiad.python"):
         server.infer("ready_flag", {"INPUT0": np.ones(1, np.float32)})
-        wait_for(lambda: "hello from the model" in caplog.text and "careful from the model" in caplog.text)
+        wait_until(lambda: "hello from the model" in caplog.text and "careful from the model" in caplog.text)
     assert "model.py:" in caplog.text
     assert server.model_ready("ready_flag")
     (repo / "ready_flag" / "not_ready").touch()
     try:
-        wait_for(lambda: not server.model_ready("ready_flag"))
+        wait_until(lambda: not server.model_ready("ready_flag"))
     finally:
         (repo / "ready_flag" / "not_ready").unlink()
-    wait_for(lambda: server.model_ready("ready_flag"))
+    wait_until(lambda: server.model_ready("ready_flag"))
 
 
 def test_decoupled_exception_after_a_response(server):

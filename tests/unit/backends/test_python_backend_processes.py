@@ -17,7 +17,13 @@ from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
 from naiad.backends.python.backend import PythonBackend
 from naiad.backends.python.instance import pipeline_depth
 from naiad.config.model_config import load_config_file
-from tests.integration.test_python_backend_support import PID_CONFIG, PID_PY, pid_alive, wait_for, write_model
+from tests.integration.test_python_backend_support import (
+    PID_CONFIG,
+    PID_PY,
+    pid_alive,
+    write_model,
+)
+from tests.support.waiting import wait_until
 
 RENDEZVOUS_PY = """
 import os
@@ -87,13 +93,13 @@ def test_killed_worker_fails_its_request_and_is_replaced(tmp_path, prefix):
         for marker in markers.glob("executing-*"):
             marker.unlink()
         pending = asyncio.run_coroutine_threadsafe(_infer_async(server, "victim", _sleep_request(60)), server._loop)
-        wait_for(lambda: (markers / f"executing-{first}").exists())
+        wait_until(lambda: (markers / f"executing-{first}").exists())
         os.kill(first, signal.SIGKILL)
         with pytest.raises(NaiadError) as info:
             pending.result(30)
         assert info.value.code == ErrorCode.INTERNAL
         assert info.value.message == "Stub process 'victim_0_0' is not healthy."
-        wait_for(lambda: server.model_ready("victim") and server.is_ready())
+        wait_until(lambda: server.model_ready("victim") and server.is_ready())
         second = int(server.infer("victim", _sleep_request(0))["PID"][0])
         assert second != first and pid_alive(second) and not pid_alive(first)
         assert server.repository_index()[0]["state"] == "READY"
@@ -188,10 +194,10 @@ def test_request_queued_behind_a_killed_worker_runs_on_its_replacement(tmp_path,
     with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
         worker = server.models.lookup("pids").pool.instances[0].pid
         first = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(30)), server._loop)
-        wait_for(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
+        wait_until(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
         second = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(0)), server._loop)
         instance = server.models.lookup("pids").pool.instances[0]
-        wait_for(lambda: len(instance._serving._batches) == 2)  # B was sent to the worker, behind A
+        wait_until(lambda: len(instance._serving._batches) == 2)  # B was sent to the worker, behind A
         os.kill(worker, signal.SIGKILL)
         with pytest.raises(NaiadError, match="not healthy"):
             first.result(30)

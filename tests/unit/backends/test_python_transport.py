@@ -9,8 +9,21 @@ import numpy as np
 import pytest
 
 from naiad.backends.python.framing import FrameDecoder, encode
-from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, BlockPool, block_size_for, PeerBlocks, remove_prefixed, shm_create
-from naiad.backends.python.tensors import datatype_of, decode_bytes, encode_bytes, pack, unpack_one
+from naiad.backends.python.shm import (
+    DEFAULT_BYTE_SIZE,
+    BlockPool,
+    PeerBlocks,
+    block_size_for,
+    remove_prefixed,
+    shm_create,
+)
+from naiad.backends.python.tensors import (
+    datatype_of,
+    decode_bytes,
+    encode_bytes,
+    pack,
+    unpack_one,
+)
 
 
 @pytest.fixture

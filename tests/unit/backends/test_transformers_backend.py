@@ -10,16 +10,24 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import numpy as np  # noqa: E402
-from tritonclient.grpc import model_config_pb2 as mc  # noqa: E402
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest  # noqa: E402
-from naiad.backends.transformers_backend.backend import TransformersBackend, read_model_json  # noqa: E402
-from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, SequenceOutput  # noqa: E402
-from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling  # noqa: E402
-from naiad.backends.transformers_backend.text import TextStream  # noqa: E402
-from naiad.config.model_config import ConfigError  # noqa: E402
-from tests.support.tiny_llm import build_tiny_llm  # noqa: E402
+from naiad.backends.base import BackendRequest
+from naiad.backends.transformers_backend.backend import (
+    TransformersBackend,
+    read_model_json,
+)
+from naiad.backends.transformers_backend.engine import (
+    Engine,
+    EngineError,
+    Sequence,
+    SequenceOutput,
+)
+from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
+from naiad.backends.transformers_backend.text import TextStream
+from naiad.config.model_config import ConfigError
+from tests.support.tiny_llm import build_tiny_llm
 
 
 @pytest.fixture(scope="module")
@@ -290,8 +298,8 @@ def test_model_json_errors_name_the_file(tmp_path):
 
 
 def test_instance_streams_and_refuses_bad_requests(loaded, hf_dir, tmp_path):
-    from naiad.backends.transformers_backend.backend import TransformersInstance
     from naiad.backends.base import ModelSource
+    from naiad.backends.transformers_backend.backend import TransformersInstance
 
     def text(value: str) -> np.ndarray:
         array = np.empty(1, dtype=np.object_)
@@ -364,12 +372,12 @@ def test_models_loaded_in_parallel_threads_all_get_their_weights(hf_dir):
     for _ in range(3):  # the race does not show every time: a few rounds of four
         results: list[object] = []
 
-        def load() -> None:
+        def load(results: list[object] = results) -> None:
             try:
                 model = load_model({"model": str(hf_dir)}, spec)[0]
                 results.append([name for name, p in model.named_parameters() if p.is_meta]
                                or model.lm_head.weight is model.transformer.wte.weight)
-            except Exception as exc:  # noqa: BLE001 - reported by the assertion below
+            except Exception as exc:  # reported by the assertion below
                 results.append(exc)
 
         threads = [threading.Thread(target=load) for _ in range(4)]

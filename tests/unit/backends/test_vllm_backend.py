@@ -14,7 +14,13 @@ import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendRequest, BackendResponse
-from naiad.backends.vllm_backend import VllmAdapter, VllmBackend, VllmInstance, read_settings, sampling_values
+from naiad.backends.vllm_backend import (
+    VllmAdapter,
+    VllmBackend,
+    VllmInstance,
+    read_settings,
+    sampling_values,
+)
 from naiad.protocol.errors import ErrorCode
 from tests.support.servers import start_server
 
@@ -302,7 +308,7 @@ def test_vllm_stats_become_triton_vllm_metric_families():
     labels = {"model": "m", "version": "1"}
 
     def value(name, suffix="", **extra):
-        return next(v for s, l, v in by_name[name].samples if s == suffix and l == {**labels, **extra})
+        return next(v for s, labs, v in by_name[name].samples if s == suffix and labs == {**labels, **extra})
 
     assert value("vllm:prompt_tokens_total") == 3 and value("vllm:generation_tokens_total") == 8
     assert value("vllm:request_success_total", finished_reason="length") == 1

@@ -9,7 +9,12 @@ from naiad.backends.registry import BackendRegistry
 from naiad.config.completion import fill_instance_groups
 from naiad.config.model_config import ConfigError, config_to_dict, parse_config_text
 from naiad.config.server_config import ServerConfig
-from naiad.core.model_loader import instance_source, instance_specs, prepare_model, select_versions
+from naiad.core.model_loader import (
+    instance_source,
+    instance_specs,
+    prepare_model,
+    select_versions,
+)
 from tests.support.onnx_models import add_sub_model, add_sub_onnx, write_config
 
 

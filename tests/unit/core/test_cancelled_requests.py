@@ -13,6 +13,7 @@ import naiad
 from naiad.protocol.types import InferenceRequest, InferInput
 from naiad.scheduling.base import Scheduler
 from tests.support.onnx_models import add_sub_model, slow_model
+from tests.support.waiting import wait_until_async
 
 # A lone request waits this long for company: long enough to be cancelled while queued.
 QUEUED = "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [8] }"
@@ -80,11 +81,7 @@ def _on_loop(server: naiad.Server, coroutine):
 
 async def _until_queued(server: naiad.Server, model: str) -> None:
     scheduler = server.models.lookup(model).scheduler
-    for _ in range(1000):
-        if scheduler.pending() == 1:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"the request to '{model}' never queued")
+    await wait_until_async(lambda: scheduler.pending() == 1, f"the request to '{model}' to queue")
 
 
 def _counts(server: naiad.Server, model: str) -> tuple[int, int, dict[str, int]]:
@@ -151,11 +148,8 @@ def _sleeper_request(seconds: float) -> InferenceRequest:
 
 async def _until_executing(scheduler: Scheduler) -> None:
     """The one request in flight is no longer waiting: an instance took it."""
-    for _ in range(1000):
-        if scheduler.inflight() == 1 and scheduler.pending() == 0:
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("the request never started executing")
+    await wait_until_async(lambda: scheduler.inflight() == 1 and scheduler.pending() == 0,
+                           "the request to start executing")
 
 
 async def _cancel_then_send_another(server: naiad.Server, model: str, first: InferenceRequest,

@@ -2,7 +2,12 @@
 
 import asyncio
 
-from naiad.core.model_residency import HIGH_WATERMARK, LOW_WATERMARK, REGROWTH, ResidencyManager
+from naiad.core.model_residency import (
+    HIGH_WATERMARK,
+    LOW_WATERMARK,
+    REGROWTH,
+    ResidencyManager,
+)
 
 MB = 10**6
 

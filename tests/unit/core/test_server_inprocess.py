@@ -9,7 +9,13 @@ import pytest
 import naiad
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
-from tests.support.onnx_models import add_sub_model, classifier_model, identity_model, write_config
+from tests.support.onnx_models import (
+    add_sub_model,
+    classifier_model,
+    identity_model,
+    write_config,
+)
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -212,25 +218,18 @@ def test_file_override_refuses_path_traversal(tmp_path):
 
 def test_poll_mode_picks_up_new_changed_and_removed_models(tmp_path):
     import shutil
-    import time
 
     add_sub_model(tmp_path, "a")
     with naiad.Server(model_repository=str(tmp_path), model_control_mode="poll", repository_poll_secs=0.05) as srv:
         add_sub_model(tmp_path, "b")
 
-        def wait_for(predicate):
-            deadline = time.monotonic() + 20
-            while time.monotonic() < deadline:
-                if predicate():
-                    return True
-                time.sleep(0.02)
-            return False
-
-        assert wait_for(lambda: any(e.get("state") == "READY" for e in srv.repository_index() if e["name"] == "b"))
+        wait_until(lambda: any(e.get("state") == "READY" for e in srv.repository_index() if e["name"] == "b"),
+                   "the new model b to be served", timeout=20)
         shutil.copytree(tmp_path / "a" / "1", tmp_path / "a" / "2")
-        assert wait_for(lambda: srv.model_metadata("a")["versions"] == ["2"])
+        wait_until(lambda: srv.model_metadata("a")["versions"] == ["2"], "version 2 of a to be served", timeout=20)
         shutil.rmtree(tmp_path / "b")
-        assert wait_for(lambda: all(e.get("state") != "READY" for e in srv.repository_index() if e["name"] == "b"))
+        wait_until(lambda: all(e.get("state") != "READY" for e in srv.repository_index() if e["name"] == "b"),
+                   "the removed model b to be unloaded", timeout=20)
         with pytest.raises(NaiadError):
             asyncio.run_coroutine_threadsafe(srv.load_model("a"), srv._loop).result()
 

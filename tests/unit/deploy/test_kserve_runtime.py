@@ -6,7 +6,12 @@ from typing import Any
 
 import yaml
 
-from tests.unit.deploy.deploy_support import ROOT, check_schema, parse_serve_args, validate_containers
+from tests.unit.deploy.deploy_support import (
+    ROOT,
+    check_schema,
+    parse_serve_args,
+    validate_containers,
+)
 
 RUNTIME = ROOT / "deploy" / "kserve" / "cluster-serving-runtime.yaml"
 EXAMPLE = ROOT / "deploy" / "kserve" / "inference-service-example.yaml"

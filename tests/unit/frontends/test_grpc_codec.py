@@ -15,7 +15,10 @@ from naiad.frontends.grpc.infer_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from naiad.frontends.grpc.params import RESERVED_PREFIX_MESSAGE, empty_final_response_flag
+from naiad.frontends.grpc.params import (
+    RESERVED_PREFIX_MESSAGE,
+    empty_final_response_flag,
+)
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor, SharedMemoryRef
 

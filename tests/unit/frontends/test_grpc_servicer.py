@@ -20,7 +20,15 @@ from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.server import GrpcFrontend
-from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, not_found, unsupported
+from naiad.protocol.errors import (
+    DecoupledModelError,
+    ErrorCode,
+    NaiadError,
+    internal,
+    invalid_arg,
+    not_found,
+    unsupported,
+)
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 
 WAIT = 10.0

@@ -15,7 +15,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.frontends.http.body import RequestHeaders, decompress_body, read_body
 from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.errors import ClientDisconnected, HttpError
-from naiad.frontends.http.infer_codec import OutputPlan, decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.infer_codec import (
+    OutputPlan,
+    decode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+)
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor
 

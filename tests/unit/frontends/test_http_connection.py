@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
 from naiad.frontends.uvicorn_embed import UvicornRunner
+from tests.support.waiting import wait_until
 
 
 async def _read_all(receive) -> bytes:
@@ -30,6 +31,7 @@ async def _read_all(receive) -> bytes:
 
 
 DISCONNECTS: list[str] = []
+HANGING: list[str] = []  # /hang requests whose disconnect callback is registered
 
 
 async def app(scope, receive, send) -> None:
@@ -49,6 +51,7 @@ async def app(scope, receive, send) -> None:
         await _read_all(receive)
         gone = asyncio.Event()
         scope["extensions"]["naiad.on_disconnect"](gone.set)
+        HANGING.append(scope["path"])
         await asyncio.wait_for(gone.wait(), 10)
         DISCONNECTS.append(scope["path"])
     elif path == "/task":  # reports whether the app's first step runs in a task (it need not)
@@ -218,14 +221,9 @@ def test_a_late_body_is_answered_408_by_the_connection(port):
 def test_the_disconnect_callback_runs_when_the_client_leaves(port):
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(b"GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
-        time.sleep(0.2)  # the app has registered its callback
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        count = _exchange(port, b"GET /disconnects HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        if count.endswith(b"\r\n\r\n1"):
-            return
-        time.sleep(0.05)
-    raise AssertionError("the disconnect callback did not run")
+        wait_until(lambda: HANGING, "the app to register its disconnect callback", timeout=10)
+    wait_until(lambda: _exchange(port, b"GET /disconnects HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+               .endswith(b"\r\n\r\n1"), "the disconnect callback to run", timeout=10, interval=0.05)
 
 
 def test_a_request_that_never_waits_runs_without_a_task(port):

@@ -21,7 +21,14 @@ from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http import HttpFrontend
-from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, not_found, unsupported
+from naiad.protocol.errors import (
+    DecoupledModelError,
+    ErrorCode,
+    NaiadError,
+    invalid_arg,
+    not_found,
+    unsupported,
+)
 from naiad.protocol.tensor_codec import array_to_raw
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 from naiad.runtime.shared_memory import SystemSharedMemoryRegistry

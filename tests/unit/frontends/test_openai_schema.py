@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from naiad.frontends.openai.schema import DEFAULT_MAX_TOKENS, RequestError, parse_chat, parse_completion
+from naiad.frontends.openai.schema import (
+    DEFAULT_MAX_TOKENS,
+    RequestError,
+    parse_chat,
+    parse_completion,
+)
 
 
 def test_completion_maps_sampling_fields():

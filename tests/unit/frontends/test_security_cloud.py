@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import argparse
-import re
 import json
+import re
 
 import pytest
 
-from naiad.cli.deploy_flags import add_deploy_flags, default_repositories, deploy_settings, vertex_defaults
+from naiad.cli.deploy_flags import (
+    add_deploy_flags,
+    default_repositories,
+    deploy_settings,
+    vertex_defaults,
+)
 from naiad.frontends.cloud_common import header_length_from_mime
-from naiad.frontends.sagemaker import BINARY_MIME, KEEP_FILE, out_of_memory, plan_archive, read_model_directory
+from naiad.frontends.sagemaker import (
+    BINARY_MIME,
+    KEEP_FILE,
+    out_of_memory,
+    plan_archive,
+    read_model_directory,
+)
 from naiad.frontends.vertex import redirect_method
 from naiad.protocol.errors import NaiadError
 

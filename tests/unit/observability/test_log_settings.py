@@ -5,7 +5,11 @@ import re
 
 import pytest
 
-from naiad.observability.log_settings import LogSettings, SettingsFilter, TritonFormatter
+from naiad.observability.log_settings import (
+    LogSettings,
+    SettingsFilter,
+    TritonFormatter,
+)
 from naiad.protocol.errors import ErrorCode, NaiadError
 
 

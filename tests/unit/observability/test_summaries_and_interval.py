@@ -10,7 +10,12 @@ import pytest
 
 import naiad
 from naiad.observability.metrics import parse_metrics_config
-from naiad.observability.summary import DEFAULT_QUANTILES, MAX_AGE_SECS, WindowSummary, parse_quantiles
+from naiad.observability.summary import (
+    DEFAULT_QUANTILES,
+    MAX_AGE_SECS,
+    WindowSummary,
+    parse_quantiles,
+)
 from naiad.observability.system_metrics import SystemMetrics
 from tests.support.onnx_models import add_sub_model, ensemble_model
 

@@ -13,9 +13,9 @@ pytest.importorskip("s3fs")
 pytest.importorskip("moto.server")
 pytest.importorskip("boto3")
 
-from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint  # noqa: E402
-from naiad.repository.catalog import RepositoryCatalog, open_repository  # noqa: E402
-from naiad.repository.remote import RemoteRepository  # noqa: E402
+from naiad.repository.catalog import RepositoryCatalog, open_repository
+from naiad.repository.remote import RemoteRepository
+from tests.support.moto_s3 import DUMMY_AWS, Bucket, moto_endpoint
 
 
 @pytest.fixture(scope="module")

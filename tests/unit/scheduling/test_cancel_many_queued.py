@@ -28,6 +28,7 @@ from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from naiad.scheduling.sequence_batcher import SequenceBatcher
+from tests.support.waiting import wait_until_async
 
 SMALL, LARGE = 2_000, 40_000
 
@@ -93,14 +94,6 @@ def _item(value: float, addressing: str, index: int) -> WorkItem:
     return WorkItem({"X": np.full((1,), value, np.float32)}, ["Y"], 1, request=request)
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(4000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def _cancel_queued(case: str, count: int) -> float:
     """Seconds spent cancelling `count` queued requests (and letting them leave their queues)."""
     make_scheduler, make_pool, addressing = CASES[case]
@@ -109,9 +102,9 @@ async def _cancel_queued(case: str, count: int) -> float:
     scheduler = make_scheduler(pool)
     try:
         first = asyncio.ensure_future(scheduler.enqueue(_item(0, addressing, 0)))
-        await _until(lambda: instance.executions == 1, "the first request runs (and blocks the instance)")
+        await wait_until_async(lambda: instance.executions == 1, "the first request runs (and blocks the instance)")
         callers = [asyncio.ensure_future(scheduler.enqueue(_item(1, addressing, k + 1))) for k in range(count)]
-        await _until(lambda: scheduler.pending() == count, f"{count} requests queued")
+        await wait_until_async(lambda: scheduler.pending() == count, f"{count} requests queued")
         if case == "dynamic_bounded" and count == LARGE:  # the queue is full: one more is refused
             with pytest.raises(NaiadError, match="Exceeds maximum queue size"):
                 await scheduler.enqueue(_item(2, addressing, count + 1))
@@ -129,7 +122,7 @@ async def _cancel_queued(case: str, count: int) -> float:
         assert scheduler.pending() == 0, "cancelled requests are still counted as pending"
         if case == "dynamic_bounded" and count == LARGE:  # and the cancelled ones no longer fill it
             refill = [asyncio.ensure_future(scheduler.enqueue(_item(1, addressing, 0))) for _ in range(count)]
-            await _until(lambda: scheduler.pending() == count, "the queue refilled")
+            await wait_until_async(lambda: scheduler.pending() == count, "the queue refilled")
             for caller in refill:
                 caller.cancel()
             await asyncio.gather(*refill, return_exceptions=True)

@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, ExecutionBatch, ResponseCallback
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ExecutionBatch,
+    ResponseCallback,
+)
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
@@ -21,6 +26,7 @@ from naiad.scheduling.base import Scheduler, WorkItem
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.sequence_batcher import SequenceBatcher
+from tests.support.waiting import wait_until_async
 
 
 class Executions:
@@ -118,19 +124,11 @@ def _item(value: float) -> WorkItem:
     return WorkItem({"X": np.full((1, 1), value, np.float32)}, ["Y"], 1, request=request)
 
 
-async def _until(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(1000):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"never happened: {what}")
-
-
 async def _cancel_executing(scheduler: Scheduler, executions: Executions) -> WorkItem:
     """Start a request, cancel its caller while the model executes it; the model is still held at the gate."""
     item = _item(1)
     caller = asyncio.ensure_future(scheduler.enqueue(item))
-    await _until(lambda: executions.active == 1, "the first execution started")
+    await wait_until_async(lambda: executions.active == 1, "the first execution started")
     caller.cancel()
     with pytest.raises(asyncio.CancelledError):
         await caller
@@ -179,7 +177,7 @@ def test_the_model_sees_the_executing_request_cancelled(scheduler_kind: str) -> 
         try:
             await _cancel_executing(scheduler, executions)
             executions.gate.set()
-            await _until(lambda: len(executions.spans) == 1, "the cancelled execution ended")
+            await wait_until_async(lambda: len(executions.spans) == 1, "the cancelled execution ended")
         finally:
             executions.gate.set()
             await scheduler.stop()
@@ -218,7 +216,7 @@ def test_sequence_batcher_stopped_mid_execution_releases_the_instance_when_it_en
         item = _item(1)
         item.request.sequence_id, item.request.sequence_start = 7, True
         caller = asyncio.ensure_future(batcher.enqueue(item))
-        await _until(lambda: executions.active == 1, "the sequence request started")
+        await wait_until_async(lambda: executions.active == 1, "the sequence request started")
         caller.cancel()
         await batcher.stop()
         assert pool.try_acquire() is None, "the instance is idle while its thread still executes"

@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import socket
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -14,8 +13,18 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import InstanceSpec, ModelSource
 from naiad.backends.python.framing import BlockingChannel
 from naiad.backends.python.instance import PythonInstance
-from naiad.backends.python.launcher import ExecutionEnvError, Launch, resolve_launch, spawn
-from naiad.config.model_config import ConfigError, config_to_json, parameter, parse_config_json
+from naiad.backends.python.launcher import (
+    ExecutionEnvError,
+    Launch,
+    resolve_launch,
+    spawn,
+)
+from naiad.config.model_config import (
+    ConfigError,
+    config_to_json,
+    parameter,
+    parse_config_json,
+)
 
 log = logging.getLogger("naiad.python")
 
@@ -38,7 +47,7 @@ def run_auto_complete(config_json: str, model_file: Path, launch: Launch, timeou
         channel.send(("auto", config_json, str(model_file)))
         try:
             reply = channel.receive()
-        except socket.timeout:
+        except TimeoutError:
             raise ConfigError(f"auto_complete_config of '{model_file}' did not finish within {timeout:.0f}s") from None
         except (EOFError, OSError):
             process.wait()

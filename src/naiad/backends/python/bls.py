@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from naiad.backends.python.tensors import pack, unpack_one
 from naiad.protocol.errors import NaiadError
-from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    InferInput,
+    RequestedOutput,
+)
 
 if TYPE_CHECKING:
     from naiad.backends.python.session import WorkerSession
@@ -17,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("naiad.python")
 
 
-def _request(session: "WorkerSession", message: tuple) -> InferenceRequest:
+def _request(session: WorkerSession, message: tuple) -> InferenceRequest:
     (_, _, model_name, version, request_id, correlation_id, flags, timeout, parameters, requested, block, metas,
      _) = message
     view = session.peers.view(block) if block else None
@@ -39,7 +44,7 @@ def _request(session: "WorkerSession", message: tuple) -> InferenceRequest:
     )
 
 
-def _send_item(session: "WorkerSession", call_id: int, response: InferenceResponse | None, final: bool) -> None:
+def _send_item(session: WorkerSession, call_id: int, response: InferenceResponse | None, final: bool) -> None:
     if not session.alive:
         return
     if response is None:
@@ -51,12 +56,12 @@ def _send_item(session: "WorkerSession", call_id: int, response: InferenceRespon
     session.send(("b", call_id, block, metas[0], parameters, None, final))
 
 
-def _send_error(session: "WorkerSession", call_id: int, message: str, code: str) -> None:
+def _send_error(session: WorkerSession, call_id: int, message: str, code: str) -> None:
     if session.alive:
         session.send(("b", call_id, None, None, None, (message, code), True))
 
 
-async def run_bls(session: "WorkerSession", message: tuple) -> None:
+async def run_bls(session: WorkerSession, message: tuple) -> None:
     """Run one BLS request through the server (scheduling, stats, validation included) and stream back results."""
     call_id, decoupled = message[1], message[-1]
     services = session.services
@@ -83,7 +88,7 @@ async def run_bls(session: "WorkerSession", message: tuple) -> None:
         _send_error(session, call_id, f"{type(exc).__name__}: {exc}", "INTERNAL")
 
 
-async def run_control(session: "WorkerSession", call_id: int, op: str, args: tuple) -> None:
+async def run_control(session: WorkerSession, call_id: int, op: str, args: tuple) -> None:
     """pb_utils.load_model / unload_model / is_model_ready."""
     services = session.services
     try:
@@ -117,7 +122,7 @@ async def run_control(session: "WorkerSession", call_id: int, op: str, args: tup
         session.send(("q", call_id, True, value))
 
 
-def forward_metric(session: "WorkerSession", op: str, args: tuple) -> None:
+def forward_metric(session: WorkerSession, op: str, args: tuple) -> None:
     """Hand custom-metric updates to the server's registry when it offers one (`custom_metrics`)."""
     registry = getattr(session.services, "custom_metrics", None)
     if registry is None:

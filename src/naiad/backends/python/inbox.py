@@ -6,7 +6,8 @@ import asyncio
 import collections
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from naiad.backends.python.framing import BlockingChannel
 

@@ -9,12 +9,18 @@ import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import (BackendRequest, BackendResponse, ExecutionOutcome, InstanceSpec, ModelSource,
-                                 ResponseCallback)
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ExecutionOutcome,
+    InstanceSpec,
+    ModelSource,
+    ResponseCallback,
+)
 from naiad.backends.python.launcher import Launch
 from naiad.backends.python.session import WorkerSession, WorkerStartError
-from naiad.config.model_config import config_to_json, datatype_name
 from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
+from naiad.config.model_config import config_to_json, datatype_name
 from naiad.protocol.errors import internal, invalid_arg
 
 log = logging.getLogger("naiad.python")

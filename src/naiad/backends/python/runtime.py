@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import itertools
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from triton_python_backend_utils import _runtime
-
 from naiad.backends.python.framing import BlockingChannel
 from naiad.backends.python.inbox import Call, Inbox
 from naiad.backends.python.shm import BlockPool, PeerBlocks
 from naiad.backends.python.tensors import pack, unpack_one
+from triton_python_backend_utils import _runtime
 
 _END = object()
 
@@ -28,7 +28,7 @@ class BlsCall(Call):
 
     __slots__ = ("runtime", "call_id")
 
-    def __init__(self, runtime: "WorkerRuntime", call_id: int) -> None:
+    def __init__(self, runtime: WorkerRuntime, call_id: int) -> None:
         super().__init__()
         self.runtime = runtime
         self.call_id = call_id

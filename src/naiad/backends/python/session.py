@@ -13,13 +13,23 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-
-from naiad.backends.base import BackendRequest, BackendResponse, ResponseCallback, ServerServices
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    ResponseCallback,
+    ServerServices,
+)
 from naiad.backends.python import bls
 from naiad.backends.python.framing import FrameDecoder, encode
 from naiad.backends.python.launcher import Launch, spawn
 from naiad.backends.python.outputs import OutputReader
-from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE, BlockPool, PeerBlocks, remove_prefixed
+from naiad.backends.python.shm import (
+    DEFAULT_BYTE_SIZE,
+    GROWTH_BYTE_SIZE,
+    BlockPool,
+    PeerBlocks,
+    remove_prefixed,
+)
 from naiad.backends.python.tensors import datatype_of, pack
 from naiad.protocol.errors import ErrorCode, NaiadError, internal
 
@@ -65,7 +75,7 @@ class _Batch:
 
 
 class _Protocol(asyncio.Protocol):
-    def __init__(self, session: "WorkerSession") -> None:
+    def __init__(self, session: WorkerSession) -> None:
         self._session = session
         self._decoder = FrameDecoder()
 
@@ -86,7 +96,7 @@ class WorkerSession:
     """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
 
     def __init__(self, name: str, launch: Launch, init: dict, input_types: dict[str, str],
-                 services: ServerServices | None, shm_prefix: str, on_death: Callable[["WorkerSession"], None],
+                 services: ServerServices | None, shm_prefix: str, on_death: Callable[[WorkerSession], None],
                  shm_sizes: tuple[int, int] = (DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE)) -> None:
         self.name = name
         self._launch = launch
@@ -175,7 +185,7 @@ class WorkerSession:
                 self.send(("f",))
             try:
                 await asyncio.wait_for(self._exited.wait(), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("worker %s did not finish finalize within %ss: killing it", self.name, timeout)
                 self.kill()
         await self.wait_exit()
@@ -392,7 +402,7 @@ class WorkerSession:
         try:
             self.send(("h", call_id))
             return bool(await asyncio.wait_for(future, timeout))
-        except (asyncio.TimeoutError, NaiadError):
+        except (TimeoutError, NaiadError):
             return False
         finally:
             self._health_calls.pop(call_id, None)

@@ -18,11 +18,10 @@ import types
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from triton_python_backend_utils import _runtime
-
 from naiad.backends.python.framing import BlockingChannel
 from naiad.backends.python.runtime import WorkerRuntime, error_tuple
 from naiad.backends.python.tensors import pack, unpack_one
+from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 

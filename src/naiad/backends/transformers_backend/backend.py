@@ -11,9 +11,25 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, InstanceSpec, ModelSource, ResponseCallback
-from naiad.backends.transformers_backend.contract import Emitter, auto_complete, load_model_json, parse_request
-from naiad.backends.transformers_backend.engine import Engine, EngineError, Sequence, kv_bytes_per_token
+from naiad.backends.base import (
+    BackendRequest,
+    BackendResponse,
+    InstanceSpec,
+    ModelSource,
+    ResponseCallback,
+)
+from naiad.backends.transformers_backend.contract import (
+    Emitter,
+    auto_complete,
+    load_model_json,
+    parse_request,
+)
+from naiad.backends.transformers_backend.engine import (
+    Engine,
+    EngineError,
+    Sequence,
+    kv_bytes_per_token,
+)
 from naiad.backends.transformers_backend.sampling import SamplingError, parse_sampling
 from naiad.backends.transformers_backend.stats import families
 from naiad.config.model_config import ConfigError
@@ -60,7 +76,7 @@ class TransformersBackend:
     def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
         raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
 
-    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> "TransformersInstance":
+    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> TransformersInstance:
         config = source.config
         if not config.model_transaction_policy.decoupled:
             raise ConfigError(f"model '{config.name}': the transformers backend needs "

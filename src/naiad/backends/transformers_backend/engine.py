@@ -274,7 +274,7 @@ class Engine:
         self.stats.record_prefill(len(seqs))
         layers = out.past_key_values.layers
         last = out.logits[torch.arange(len(seqs)), torch.tensor(lengths) - 1]
-        for b, seq in enumerate(seqs):
+        for b in range(len(seqs)):
             self.kv.add([(layer.keys[b], layer.values[b]) for layer in layers], lengths[b], self.max_model_len)
         return self._next_tokens(seqs, last, lengths)
 

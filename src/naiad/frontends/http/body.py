@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, body_too_large
 

@@ -34,7 +34,8 @@ import contextvars
 import http
 import logging
 import urllib.parse
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httptools
 

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from starlette.routing import Route
 
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
-from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
-from naiad.frontends.http.responses import Reply, Send, error_reply, send_error, send_reply
+from naiad.frontends.http.errors import (
+    ClientDisconnected,
+    HttpError,
+    status_and_message,
+)
+from naiad.frontends.http.responses import (
+    Reply,
+    Send,
+    error_reply,
+    send_error,
+    send_reply,
+)
 from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.request_json import load_request_json
 

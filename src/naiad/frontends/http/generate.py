@@ -11,7 +11,11 @@ import numpy as np
 import orjson
 
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
-from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
+from naiad.frontends.http.errors import (
+    ClientDisconnected,
+    HttpError,
+    status_and_message,
+)
 from naiad.frontends.http.infer_params import apply_request_parameters
 from naiad.frontends.http.responses import JSON, Send, send_error
 from naiad.frontends.security import HeaderForwarder

@@ -31,7 +31,12 @@ from naiad.protocol.tensor_codec import (
     non_finite_json_array,
     parse_shape,
 )
-from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    InferInput,
+    RequestedOutput,
+)
 
 if TYPE_CHECKING:
     from naiad.core.server import Server

@@ -5,11 +5,25 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, decompress_body, read_body
+from naiad.frontends.http.body import (
+    Receive,
+    RequestHeaders,
+    body_timeout,
+    decompress_body,
+    read_body,
+)
 from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
-from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
-from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.errors import (
+    ClientDisconnected,
+    HttpError,
+    status_and_message,
+)
+from naiad.frontends.http.infer_codec import (
+    decode_infer_request,
+    encode_infer_response,
+    parse_header_length,
+)
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import HeaderForwarder
 from naiad.observability.trace_context import incoming_traceparent

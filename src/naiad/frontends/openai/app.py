@@ -17,7 +17,12 @@ import orjson
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
 from naiad.frontends.http.errors import ClientDisconnected, HttpError
 from naiad.frontends.http.responses import JSON, Send
-from naiad.frontends.openai.schema import GenerationRequest, RequestError, parse_chat, parse_completion
+from naiad.frontends.openai.schema import (
+    GenerationRequest,
+    RequestError,
+    parse_chat,
+    parse_completion,
+)
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput
 
