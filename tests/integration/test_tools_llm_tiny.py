@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from tests.support.onnx_models import identity_model  # noqa: E402
-from tests.support.servers import start_server  # noqa: E402
-from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
+from tests.support.onnx_models import identity_model
+from tests.support.servers import start_server
+from tests.support.tiny_llm import build_tiny_llm, write_llm_repository
 
 MODEL = "tiny_llm"
 

@@ -33,5 +33,5 @@ def run_tool(tool: str, body: Callable[[], int], interrupted: str = "interrupted
     except KeyboardInterrupt:
         print(f"naiad {tool}: {interrupted}", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:  # noqa: BLE001 - a tool never shows a traceback
+    except Exception as exc:
         return fail(tool, one_line(exc))

@@ -62,7 +62,7 @@ class StatsSnapshot:
         for entry in entries:
             stats = entry.get("inference_stats", {})
 
-            def pair(key: str) -> tuple[int, int]:
+            def pair(key: str, stats: dict[str, Any] = stats) -> tuple[int, int]:
                 part = stats.get(key, {}) or {}
                 return int(part.get("count", 0) or 0), int(part.get("ns", 0) or 0)
 

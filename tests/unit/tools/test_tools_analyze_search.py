@@ -11,10 +11,10 @@ from naiad.tools.analyze.search import (
     ConfigPoint,
     ConfigResult,
     Constraints,
-    Measurement,
-    Objectives,
     EnsemblePoint,
     EnsembleSpace,
+    Measurement,
+    Objectives,
     SearchSpace,
     brute_search,
     parse_objectives,
@@ -51,8 +51,8 @@ SPACE = SearchSpace(instances=[1, 2, 3, 4], batch_sizes=[1, 2, 4, 8, 16], batchi
                     concurrencies=CONCURRENCIES)
 
 
-def best_of(results, constraints, objectives=Objectives()):
-    ranked = rank_results(results, constraints, objectives)
+def best_of(results, constraints, objectives=None):
+    ranked = rank_results(results, constraints, objectives or Objectives())
     return ranked[0] if ranked[0].best is not None else None
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 
@@ -113,7 +114,7 @@ class CallContext:
         for callback in callbacks or ():
             try:
                 callback(self)
-            except Exception:  # noqa: BLE001 - one callback's failure must not stop the others
+            except Exception:
                 logger.exception("gRPC done callback failed")
 
 

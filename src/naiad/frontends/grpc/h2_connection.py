@@ -198,7 +198,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         except ConnectionError_ as err:
             self._connection_error(err.code, str(err))
             return
-        except Exception:  # noqa: BLE001 - a bug here must cost this connection only, visibly
+        except Exception:
             logger.exception("gRPC connection from %s failed", self.peer)
             self._connection_error(w.INTERNAL_ERROR, "internal error")
             return

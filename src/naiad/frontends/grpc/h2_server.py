@@ -14,7 +14,8 @@ import contextlib
 import contextvars
 import logging
 import ssl
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import grpc
 
@@ -105,7 +106,7 @@ class H2GrpcServer:
         else:
             try:
                 request = handler.request_deserializer(message) if handler.request_deserializer else message
-            except Exception:  # noqa: BLE001 - any decoding failure is the client's
+            except Exception:
                 conn.finish(stream, _INTERNAL, "Exception deserializing request!")
                 return
             coro = self.run_call(conn, stream, request)
@@ -131,7 +132,7 @@ class H2GrpcServer:
         deserialize = stream.handler.request_deserializer
         try:
             request = deserialize(raw) if deserialize else raw
-        except Exception:  # noqa: BLE001 - any decoding failure is the client's
+        except Exception:
             conn.finish(stream, _INTERNAL, "Exception deserializing request!")
             return
         del raw
@@ -155,7 +156,7 @@ class H2GrpcServer:
             pass
         except asyncio.CancelledError:
             return  # reset by the client, past its deadline, or shutdown: the stream is already closed
-        except Exception as exc:  # noqa: BLE001 - a handler bug is the call's status, not the server's end
+        except Exception as exc:
             logger.exception("gRPC handler for stream %d failed", stream.sid)
             if ctx.code_ is None or ctx.code_ is _OK:
                 ctx.code_, ctx.details_ = _UNKNOWN, f"Unexpected {type(exc)}: {exc}"

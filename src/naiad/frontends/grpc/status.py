@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import Any, Awaitable, Callable, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,7 +43,7 @@ def guarded(
             return await handler(self, request, context)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
-        except Exception as exc:  # noqa: BLE001 - every failure must become a status, never a crash
+        except Exception as exc:
             err = error_of(exc)
         await context.abort(status_of(err), err.message)
         raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises

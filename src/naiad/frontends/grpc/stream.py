@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -112,7 +113,7 @@ class StreamSession:
                 self._start(message)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 - a broken inbound stream ends reading, not the server
+        except Exception as exc:
             logger.debug("stream read ended: %r", exc)
         finally:
             self._reading = False
@@ -124,7 +125,7 @@ class StreamSession:
             if self._check_target is not None:
                 self._check_target(message)
             request = decode_infer_request(message, self._shm_reader)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._slots.release()
             self._fail(message, error_of(exc))
             return
@@ -146,7 +147,7 @@ class StreamSession:
                 self._queue.put_nowait(stream_response(response, final, message, version))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             self._fail(message, error_of(exc))
 
     def _fail(self, message: pb.ModelInferRequest, err: NaiadError) -> None:

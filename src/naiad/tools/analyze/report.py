@@ -77,11 +77,12 @@ def write_csv(path: Path, reports: list[AnalysisReport], client_batch_size: int 
     with path.open("w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(CSV_COLUMNS)
-        for report, ranked in ((report, ranked) for report in reports for ranked in report.ranked):
+        for model_report, ranked in ((each, ranked) for each in reports for ranked in each.ranked):
             r, p = ranked.result, ranked.result.point
             for m in r.measurements:
-                writer.writerow([report.model, client_batch_size, m.concurrency, r.variant, _instance_group(p.instances),
-                                 p.max_batch_size, "Yes" if report.constraints.satisfied(m) else "No",
+                writer.writerow([model_report.model, client_batch_size, m.concurrency, r.variant,
+                                 _instance_group(p.instances),
+                                 p.max_batch_size, "Yes" if model_report.constraints.satisfied(m) else "No",
                                  f"{m.throughput:.1f}", f"{m.p99_ms:.1f}", f"{m.p95_ms:.3f}", f"{m.p90_ms:.3f}",
                                  f"{m.avg_ms:.3f}", f"{m.queue_ms:.3f}", f"{m.compute_ms:.3f}",
                                  f"{m.memory_mb:.1f}" if m.memory_mb else "", p.batching,

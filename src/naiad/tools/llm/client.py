@@ -85,7 +85,7 @@ class LlmClient:
         body = bytearray()
         try:
             parser = await asyncio.wait_for(conn.start(self.payloads[index], on_body), self.timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             conn.close()
             record.end_ns = time.monotonic_ns()
             record.error = f"{type(exc).__name__}: {exc}"

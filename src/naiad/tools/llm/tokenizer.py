@@ -78,7 +78,7 @@ def load_tokenizer(name: str) -> tuple[Tokenizer, str]:
     if not name:
         try:
             return HuggingFaceTokenizer(DEFAULT_TOKENIZER, _load(DEFAULT_TOKENIZER, local_only=True)), ""
-        except Exception:  # noqa: BLE001 - not cached: fall back, and say so
+        except Exception:
             return ApproximateTokenizer(), (f"the default tokenizer {DEFAULT_TOKENIZER} is not in the local Hugging "
                                             "Face cache: tokens are approximated as words and punctuation marks "
                                             "(pass --tokenizer with the served model's tokenizer for exact counts)")
@@ -87,6 +87,6 @@ def load_tokenizer(name: str) -> tuple[Tokenizer, str]:
         raise ValueError(f"--tokenizer {name}: no such directory")
     try:
         return HuggingFaceTokenizer(name, _load(str(local) if local.is_dir() else name, local.is_dir())), ""
-    except Exception as exc:  # noqa: BLE001 - transformers raises many types here
+    except Exception as exc:
         reason = " ".join(str(exc).split())[:300]
         raise ValueError(f"--tokenizer {name}: cannot load a tokenizer ({reason})") from None

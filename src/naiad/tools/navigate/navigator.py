@@ -149,7 +149,7 @@ class Navigator:
                 optimize_onnx_offline(source, optimized, "extended")
                 s = OrtSettings("disable")
                 out.append(Variant(f"{prefix}-optimized", "onnx", optimized, lambda p=optimized, s=s: OrtRunner(p, s), s))
-            except Exception as exc:  # noqa: BLE001 - a failed conversion is a failed variant, not a failed run
+            except Exception as exc:
                 out.append(Variant(f"{prefix}-optimized", "onnx", optimized, lambda: None, None, "error", str(exc)))
         if "openvino" in formats and available("openvino"):
             xml = self.workspace / f"{prefix}-openvino" / "model.xml"
@@ -158,7 +158,7 @@ class Navigator:
                 openvino_from_onnx(source, xml)
                 names = [o.name for o in onnx_io(source)[1]]
                 out.append(Variant(f"{prefix}-openvino", "openvino", xml, lambda x=xml, n=names: OpenVinoRunner(x, n)))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 out.append(Variant(f"{prefix}-openvino", "openvino", xml, lambda: None, None, "error", str(exc)))
         elif "openvino" in formats:
             self.log("  (OpenVINO variant skipped: the 'openvino' package is not installed)")
@@ -209,7 +209,7 @@ class Navigator:
             try:
                 exported = source.export_onnx(self.workspace / "onnx-export" / "model.onnx", samples[min(samples)])
                 self.variants += self._onnx_variants(exported, "torch-onnx")
-            except Exception as exc:  # noqa: BLE001 - export failures are reported per variant
+            except Exception as exc:
                 self.variants.append(Variant("torch-onnx", "onnx", self.workspace, lambda: None, None, "error", str(exc)))
         return source.signature(), samples, source.run
 
@@ -230,7 +230,7 @@ class Navigator:
             for b, sample in samples.items():
                 variant.p50_ms[b], variant.throughput[b] = measure(runner, sample, self.options.measure_seconds)
             variant.status = "ok"
-        except Exception as exc:  # noqa: BLE001 - a variant that cannot run is reported, the others go on
+        except Exception as exc:
             variant.status, variant.error = "error", f"{type(exc).__name__}: {exc}"
 
     def _pick(self, batch_sizes: list[int]) -> Variant | None:

@@ -34,7 +34,7 @@ def _load_module(torch: Any, spec: str) -> Any:
                          "PYTHONPATH?") from None
     except AttributeError:
         raise ValueError(f"--torch-module {spec}: module '{module_name}' has no attribute '{attr}'") from None
-    except Exception as exc:  # noqa: BLE001 - importing user code can raise anything
+    except Exception as exc:
         raise ValueError(f"--torch-module {spec}: importing '{module_name}' failed: {type(exc).__name__}: {exc}") from None
     if isinstance(target, torch.nn.Module):
         return target
@@ -42,7 +42,7 @@ def _load_module(torch: Any, spec: str) -> Any:
         raise ValueError(f"--torch-module {spec}: '{attr}' is neither a torch.nn.Module nor a function returning one")
     try:
         module = target()
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         raise ValueError(f"--torch-module {spec}: calling {attr}() failed: {type(exc).__name__}: {exc}") from None
     if not isinstance(module, torch.nn.Module):
         raise ValueError(f"--torch-module {spec}: {attr}() returned {type(module).__name__}, not a torch.nn.Module")
@@ -60,7 +60,7 @@ class TorchSource:
         first = {k: v[:1] for k, v in arrays.items()}
         try:
             outputs = self._eager(first)
-        except Exception as exc:  # noqa: BLE001 - the user's forward() can raise anything
+        except Exception as exc:
             raise ValueError(f"--torch-module {spec}: forward() fails on the sample inputs "
                              f"{[(k, list(v.shape)) for k, v in first.items()]}: {type(exc).__name__}: {exc}") from None
         self.output_names = [f"OUTPUT__{i}" for i in range(len(outputs))]
@@ -92,7 +92,7 @@ class TorchSource:
             with self.torch.inference_mode():
                 traced = self.torch.jit.trace(self.module, self._tensors(sample))
             traced.save(str(path))
-        except Exception as exc:  # noqa: BLE001 - reported as a failed variant
+        except Exception as exc:
             return variant_type("torchscript-trace", "torchscript", path, lambda: None, None, "error", str(exc))
         names, outs = self.input_names, self.output_names
         return variant_type("torchscript-trace", "torchscript", path, lambda: TorchScriptRunner(path, names, outs))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import string
 from dataclasses import dataclass
 from pathlib import Path
+
 import numpy as np
 
 from naiad.protocol.datatypes import WIRE_DTYPES

@@ -12,7 +12,7 @@ SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS fr
 def _read(sock: socket.socket) -> bytes:
     try:
         return sock.recv(64)
-    except (socket.timeout, OSError):
+    except (TimeoutError, OSError):
         return b""
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import http.client
 import sys
 import time
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import numpy as np
@@ -17,11 +17,11 @@ from naiad.tools.perf.load_manager import LoadError, LoadManager
 from naiad.tools.perf.measurement import END, WindowStats, empty_records, is_stable, merge_windows, summarize_window
 from naiad.tools.perf.options import PerfOptions
 from naiad.tools.perf.payloads import RequestOptions, grpc_payload, http_template, parse_request_parameter, render_http
-from naiad.tools.perf.sequences import SequenceSpec
-from naiad.tools.perf.server_metrics import MetricsCollector, metrics_url
 from naiad.tools.perf.probe import wrong_endpoint
 from naiad.tools.perf.progress import ProgressLine
 from naiad.tools.perf.report import LevelResult, print_level, print_summary, write_csv, write_json
+from naiad.tools.perf.sequences import SequenceSpec
+from naiad.tools.perf.server_metrics import MetricsCollector, metrics_url
 from naiad.tools.perf.shm import SystemShmRegions
 from naiad.tools.perf.worker import WorkerSpec
 from naiad.tools.v2client import ModelInfo, ServerError, StatsSnapshot, control_client, model_info, split_url

@@ -5,9 +5,9 @@ from __future__ import annotations
 import csv
 import json
 from dataclasses import dataclass
+from typing import TextIO
 
 import numpy as np
-from typing import TextIO
 
 from naiad.tools.perf.measurement import WindowStats
 from naiad.tools.perf.server_metrics import CSV_COLUMNS as METRICS_COLUMNS

@@ -54,7 +54,7 @@ class SystemShmRegions:
         for region in self._registered:
             try:
                 self.control.unregister_system_shm(region)
-            except Exception:  # noqa: BLE001 - the server may be gone; the memory is still ours to free
+            except Exception:
                 pass
         self._registered.clear()
         for segment in self._segments:
