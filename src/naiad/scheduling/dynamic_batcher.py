@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
+from naiad.runtime.precise_timer import PreciseTimer
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, can_join, execute_batch, run_batch
 from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, PriorityLevel, build_levels, level_index
@@ -20,7 +21,10 @@ from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, P
 class DynamicBatcher:
     """One batching loop per model version; each idle instance takes the next batch formed."""
 
-    def __init__(self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching) -> None:
+    def __init__(
+        self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching,
+        timer: PreciseTimer | None = None,
+    ) -> None:
         self._pool = pool
         self._stats = stats
         self._max_rows = max(max_batch_size, 1)
@@ -31,10 +35,13 @@ class DynamicBatcher:
         self._preserve_ordering = batching.preserve_ordering
         self._levels, self._default_level = build_levels(batching)
         self._arrived = asyncio.Event()
-        self._running: set[asyncio.Task] = set()
+        self._running: set[asyncio.Task[None]] = set()
         self._inflight = 0
-        self._release_tail: asyncio.Future | None = None
+        self._release_tail: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Queue delays and timeouts are often below a millisecond, finer than the loop's timers.
+        self._own_timer = timer is None
+        self._timer = timer if timer is not None else PreciseTimer(self._loop)
         self._loop_task = self._loop.create_task(self._run())
 
     # ------------------------------------------------------------ admission
@@ -54,7 +61,8 @@ class DynamicBatcher:
                 self._inflight += 1
                 try:
                     await run_batch(self._pool, instance, [item], self._batching, self._stats)
-                    return await item.future
+                    response: BackendResponse = await item.future
+                    return response
                 except asyncio.CancelledError:
                     item.abandon()
                     raise
@@ -62,13 +70,14 @@ class DynamicBatcher:
                     self._inflight -= 1
         timer = None
         if timeout_us:
-            timer = self._loop.call_later(timeout_us / 1e6, self._expire, item, level)
+            timer = self._timer.call_later_ns(timeout_us * 1000, self._expire, item, level)
         level.queue.append(item)
         self._arrived.set()
         previous, own = self._ordering_slot()
         self._inflight += 1
         try:
-            return await item.future
+            queued: BackendResponse = await item.future
+            return queued
         finally:
             self._inflight -= 1
             if timer is not None:
@@ -83,7 +92,7 @@ class DynamicBatcher:
         if level.queue.discard(item) or level.delayed.discard(item):
             self._arrived.set()
 
-    def _ordering_slot(self) -> tuple[asyncio.Future | None, asyncio.Future | None]:
+    def _ordering_slot(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None] | None]:
         if not self._preserve_ordering:
             return None, None
         previous = self._release_tail
@@ -91,7 +100,7 @@ class DynamicBatcher:
         self._release_tail = own
         return previous, own
 
-    async def _release_in_order(self, previous: asyncio.Future | None, own: asyncio.Future) -> None:
+    async def _release_in_order(self, previous: asyncio.Future[None] | None, own: asyncio.Future[None]) -> None:
         """preserve_ordering: a response waits until every earlier request's response was released."""
         try:
             if previous is not None:
@@ -175,9 +184,13 @@ class DynamicBatcher:
             if remaining <= 0:
                 self._close("delay")
                 return items
+            # Wake on the next arrival or when the oldest request's delay is up, whichever is first.
             self._arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining / 1e9)
+            wake = self._timer.call_later_ns(remaining, self._arrived.set)
+            try:
+                await self._arrived.wait()
+            finally:
+                wake.cancel()
 
     def _drop_finished(self) -> None:
         for level in self._levels:
@@ -227,3 +240,5 @@ class DynamicBatcher:
         for level in self._levels:
             level.queue.clear()
             level.delayed.clear()
+        if self._own_timer:
+            self._timer.close()

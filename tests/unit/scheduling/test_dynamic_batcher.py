@@ -1,11 +1,13 @@
 """Dynamic batcher behaviour: preferred sizes, delay, priorities, queue size, timeouts, ordering."""
 
 import asyncio
+import statistics
 import threading
 import time
 
 import numpy as np
 import pytest
+import uvloop
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch
@@ -271,3 +273,43 @@ def test_batches_record_what_closed_them():
     run(_with_batcher(_config(preferred_batch_size=[2, 4]), body))
     assert stats_holder["closed"] == {"idle_instance": 1, "preferred": 1, "no_delay": 1}
     assert stats_holder["sizes"] == {1: 2, 4: 1}
+
+
+@pytest.mark.parametrize("runner", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_sub_millisecond_queue_delay_is_kept(runner):
+    # 500 us: the loop's timers round it to whole milliseconds (asyncio waits >= 1 ms).
+    async def body():
+        recs = [RecordingInstance()]
+        pool = InstancePool([ThreadInstance(r) for r in recs])
+        batcher = DynamicBatcher(pool, ModelStatistics("m", "1"), 8, _config(max_queue_delay_microseconds=500))
+        waits = []
+        try:
+            for v in range(150):
+                item = _item(v)
+                await batcher.enqueue(item)
+                waits.append(item.dispatch_ns - item.enqueue_ns)
+        finally:
+            await batcher.stop()
+            await pool.close()
+        return waits
+
+    waits = runner(body())
+    assert min(waits) >= 500_000  # a lone request waits the whole delay for company
+    assert statistics.median(waits) < 750_000  # ... and not much longer (median: the machine is loaded)
+
+
+def test_closed_loop_clients_fill_batches_within_the_queue_delay():
+    clients, rounds = 32, 25
+
+    async def body(batcher, rec):
+        async def client(index):
+            for _ in range(rounds):
+                await batcher.enqueue(_item(index))
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return batcher._stats.batch_sizes()
+
+    sizes = run(_with_batcher(_config(max_queue_delay_microseconds=2000), body, max_batch_size=32))
+    executions = [size for size, count in sizes.items() for _ in range(count)]
+    assert sum(executions) == clients * rounds
+    assert statistics.median(executions) >= 24, sizes
