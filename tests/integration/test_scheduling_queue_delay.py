@@ -16,13 +16,16 @@ from tests.support.servers import RunningServer, start_server
 
 CLIENTS = 32
 ROUNDS = 20
+# Long enough for 32 Python clients sharing a loaded core with the server to send their next
+# requests (measured: 6-12 ms for all 32); with 2 ms the clients, not the batcher, cap the batch.
+DELAY_US = 20_000
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("queue_delay") / "models"
     add_sub_model(repo, "delayed", dims=16, max_batch_size=CLIENTS,
-                  scheduler="dynamic_batching { max_queue_delay_microseconds: 2000 }")
+                  scheduler=f"dynamic_batching {{ max_queue_delay_microseconds: {DELAY_US} }}")
     with start_server(repo) as running:
         yield running
 
@@ -50,7 +53,7 @@ def test_closed_loop_clients_form_full_batches(server: RunningServer) -> None:
     executions = [int(entry["batch_size"]) for entry in stats["batch_stats"]
                   for _ in range(int(entry["compute_infer"]["count"]))]
     assert sum(executions) == CLIENTS * ROUNDS
-    # Requests arriving within the 2 ms delay of the first one join its batch (Triton's rule);
+    # Requests arriving within the delay of the first one join its batch (Triton's rule);
     # the batch of 32 closes as soon as it is full.
     assert statistics.median(executions) >= 24, stats["batch_stats"]
     assert int(stats["inference_stats"]["success"]["count"]) == CLIENTS * ROUNDS

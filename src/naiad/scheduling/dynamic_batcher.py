@@ -29,8 +29,9 @@ class DynamicBatcher:
         self._stats = stats
         self._max_rows = max(max_batch_size, 1)
         self._batching = max_batch_size > 0
-        preferred = sorted({s for s in batching.preferred_batch_size if 0 < s <= self._max_rows})
-        self._preferred = set(preferred) | {self._max_rows}
+        # As Triton: without preferred sizes, max_batch_size is the preferred size.
+        self._preferred = {s for s in batching.preferred_batch_size if 0 < s <= self._max_rows} or {self._max_rows}
+        self._max_preferred = max(self._preferred)
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
         self._preserve_ordering = batching.preserve_ordering
         self._levels, self._default_level = build_levels(batching)
@@ -138,53 +139,62 @@ class DynamicBatcher:
         for level in self._levels:
             yield from level.delayed
 
-    def _prefix(self) -> list[WorkItem]:
-        """The longest run of compatible, still-wanted requests that fits in one batch."""
+    def _prefix(self) -> tuple[list[WorkItem], bool]:
+        """The longest run of compatible, still-wanted requests that fits in one batch, and whether
+        a queued request was left out (too many rows or another shape: the batch cannot grow)."""
         items: list[WorkItem] = []
         rows = 0
         for item in self._candidates():
             if item.future.done():
                 continue
-            if items and (not self._batching or not can_join(items[0], item)):
-                break
-            if items and rows + item.batch_size > self._max_rows:
-                break
+            if items and (not self._batching or not can_join(items[0], item) or rows + item.batch_size > self._max_rows):
+                return items, True
             items.append(item)
             rows += item.batch_size
-            if not self._batching:
-                break
-        return items
+        return items, False
 
-    def _preferred_cut(self, items: list[WorkItem]) -> int:
-        """Length of the largest prefix whose rows equal a preferred size (0 if none)."""
-        rows, cut = 0, 0
-        for index, item in enumerate(items, start=1):
+    def _cut(self, items: list[WorkItem], blocked: bool) -> tuple[int, str]:
+        """How many of items to send now and what closed the batch; (0, "") to wait for more.
+
+        Triton's rule: the largest prefix of a preferred size goes at once (or, when the queue holds
+        more than the largest preferred size, the prefix below it), unless the oldest request has
+        waited max_queue_delay: then everything that fits goes, up to max_batch_size. Without a
+        delay, or when the batch cannot grow, what is there goes.
+        """
+        rows, best, best_rows = 0, 0, 0
+        for index, item in enumerate(items):
+            if not best and index and rows + item.batch_size > self._max_preferred:
+                best, best_rows = index, rows
             rows += item.batch_size
             if rows in self._preferred:
-                cut = index
-        return cut
+                best, best_rows = index + 1, rows
+        expired = self._delay_ns > 0 and time.perf_counter_ns() - items[0].enqueue_ns >= self._delay_ns
+        if best and not expired:
+            return best, "max" if best_rows >= self._max_rows else "preferred"
+        if rows >= self._max_rows:
+            return len(items), "max"
+        if expired:
+            return len(items), "delay"
+        if blocked or rows >= self._max_preferred:
+            return len(items), "preferred"
+        if self._delay_ns == 0:
+            return len(items), "no_delay"
+        return 0, ""
 
     async def _next_batch(self) -> list[WorkItem]:
         while True:
             self._drop_finished()
-            items = self._prefix()
+            items, blocked = self._prefix()
             if not items:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            cut = self._preferred_cut(items)
+            cut, reason = self._cut(items, blocked)
             if cut:
-                rows = sum(it.batch_size for it in items[:cut])
-                self._close("max" if rows >= self._max_rows else "preferred")
+                self._close(reason)
                 return items[:cut]
-            if self._delay_ns == 0:
-                self._close("no_delay")
-                return items
-            remaining = items[0].enqueue_ns + self._delay_ns - time.perf_counter_ns()
-            if remaining <= 0:
-                self._close("delay")
-                return items
             # Wake on the next arrival or when the oldest request's delay is up, whichever is first.
+            remaining = items[0].enqueue_ns + self._delay_ns - time.perf_counter_ns()
             self._arrived.clear()
             wake = self._timer.call_later_ns(remaining, self._arrived.set)
             try:

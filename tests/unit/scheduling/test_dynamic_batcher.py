@@ -70,6 +70,16 @@ async def _with_batcher(config, body, max_batch_size=8, instances=1):
         await pool.close()
 
 
+async def _until_executing(batcher) -> None:
+    """Until the one request enqueued has left the queue for the instance."""
+    await asyncio.sleep(0)
+    for _ in range(1000):
+        if batcher.pending() == 0 and batcher.inflight() == 1:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the request never left the queue")
+
+
 def run(coro):
     return asyncio.run(coro)
 
@@ -313,3 +323,57 @@ def test_closed_loop_clients_fill_batches_within_the_queue_delay():
     executions = [size for size, count in sizes.items() for _ in range(count)]
     assert sum(executions) == clients * rounds
     assert statistics.median(executions) >= 24, sizes
+
+
+def test_largest_preferred_size_caps_the_batch_below_max_batch_size():
+    # As Triton: max_batch_size is a preferred size only when none is configured.
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in range(1, 9)]
+        await asyncio.sleep(0.05)
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(preferred_batch_size=[4]), body))
+    assert batches == [[0.0], [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
+
+
+def test_requests_past_the_queue_delay_go_as_one_batch_up_to_max_batch_size():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)  # the lone first request waited its delay
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in range(1, 7)]
+        await asyncio.sleep(0.1)  # twice the delay: the 6 queued requests are overdue
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        return rec.batches, dict(batcher._stats.batches_closed)
+
+    batches, closed = run(_with_batcher(_config(preferred_batch_size=[4], max_queue_delay_microseconds=50_000), body))
+    assert batches == [[0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
+    assert closed == {"delay": 2}
+
+
+def test_a_batch_that_cannot_grow_does_not_wait_for_the_delay():
+    # The next queued request has another shape: waiting could not make the batch larger.
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)
+        small = asyncio.create_task(batcher.enqueue(_item(1)))
+        wide = WorkItem({"X": np.full((1, 2), 2, np.float32)}, ["Y"], 1, request=InferenceRequest(model_name="m", inputs=[]))
+        other = asyncio.create_task(batcher.enqueue(wide))
+        await asyncio.sleep(0.01)
+        opened = time.monotonic()
+        rec.gate.set()
+        await small
+        small_after = time.monotonic() - opened
+        await asyncio.gather(first, other)
+        return rec.batches, small_after
+
+    batches, small_after = run(_with_batcher(_config(max_queue_delay_microseconds=1_500_000), body))
+    assert batches == [[0.0], [1.0], [2.0]]
+    assert small_after < 1.0  # not held for the 1.5 s delay
