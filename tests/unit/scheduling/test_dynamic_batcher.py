@@ -377,3 +377,25 @@ def test_a_batch_that_cannot_grow_does_not_wait_for_the_delay():
     batches, small_after = run(_with_batcher(_config(max_queue_delay_microseconds=1_500_000), body))
     assert batches == [[0.0], [1.0], [2.0]]
     assert small_after < 1.0  # not held for the 1.5 s delay
+
+
+def test_sub_millisecond_queue_timeout_is_kept():
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=700)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)
+        waits = []
+        for v in range(1, 80):
+            item = _item(v)
+            with pytest.raises(NaiadError, match="Request timeout expired"):
+                await batcher.enqueue(item)
+            waits.append(time.perf_counter_ns() - item.enqueue_ns)
+        rec.gate.set()
+        await first
+        return waits
+
+    waits = run(_with_batcher(_config(policy=policy), body))
+    assert min(waits) >= 700_000
+    assert statistics.median(waits) < 1_000_000  # the loop's timers: >= 1 ms
