@@ -111,7 +111,10 @@ class TimerHandle:
 
 
 class PreciseTimer:
-    """Callbacks at sub-millisecond deadlines on one event loop (its owner closes it)."""
+    """Callbacks at sub-millisecond deadlines on one event loop (its owner closes it).
+
+    Use it from the loop's thread only, like the loop's own call_later.
+    """
 
     def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop = loop or asyncio.get_running_loop()
@@ -171,8 +174,11 @@ class PreciseTimer:
             handle = heapq.heappop(heap)
             if handle.cancelled:
                 self._cancelled -= 1
-            else:
+                continue
+            try:
                 handle._run()
+            except Exception as exc:  # one failing callback must not strand the timers after it
+                self._loop.call_exception_handler({"message": "timer callback failed", "exception": exc})
         if self._heap:
             self._arm(self._heap[0].deadline_ns)
 

@@ -105,3 +105,26 @@ def test_close_drops_pending_timers() -> None:
         return ran
 
     assert asyncio.run(body()) == []
+
+
+def test_a_failing_callback_does_not_stop_the_others() -> None:
+    async def body() -> tuple[list[str], list[object]]:
+        loop = asyncio.get_running_loop()
+        errors: list[object] = []
+        loop.set_exception_handler(lambda _loop, context: errors.append(context.get("exception")))
+        timer = PreciseTimer()
+        ran: list[str] = []
+
+        def fail() -> None:
+            raise RuntimeError("boom")
+
+        timer.call_later_ns(100_000, fail)
+        timer.call_later_ns(100_000, ran.append, "same deadline")
+        timer.call_later_ns(400_000, ran.append, "later")
+        await asyncio.sleep(0.05)  # the loop's timer: this one does not depend on the timer under test
+        timer.close()
+        return ran, errors
+
+    ran, errors = asyncio.run(body())
+    assert ran == ["same deadline", "later"]
+    assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
