@@ -102,6 +102,11 @@ class TimerHandle:
         if owner._cancelled > 64 and owner._cancelled * 2 > len(owner._heap):
             owner._compact()
 
+    def _detach(self) -> None:
+        """Its timer closed: it will never run."""
+        self._owner = None
+        self.cancelled = True
+
     def _run(self) -> None:
         self._owner = None
         self._callback(*self._args)
@@ -190,10 +195,10 @@ class PreciseTimer:
 
     def close(self) -> None:
         """Drop every pending timer and release the timerfd."""
-        for handle in self._heap:
-            handle.cancel()
-        self._heap.clear()
+        heap, self._heap = self._heap, []
         self._cancelled = 0
+        for handle in heap:
+            handle._detach()
         if self._fallback is not None:
             self._fallback.cancel()
             self._fallback = None

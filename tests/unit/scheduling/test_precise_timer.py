@@ -98,8 +98,10 @@ def test_close_drops_pending_timers() -> None:
     async def body() -> list[int]:
         timer = PreciseTimer()
         ran: list[int] = []
-        timer.call_later_ns(100_000, ran.append, 1)
+        handles = [timer.call_later_ns(100_000, ran.append, i) for i in range(200)]
         timer.close()
+        handles[0].cancel()  # after close: a no-op
+        assert len(timer) == 0 and all(handle.cancelled for handle in handles)
         await asyncio.sleep(0.005)
         return ran
 
