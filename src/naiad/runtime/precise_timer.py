@@ -173,10 +173,10 @@ class PreciseTimer:
             self._timerfd.drain()
         self._armed_ns = 0
         self._fallback = None
-        heap = self._heap
         now = time.monotonic_ns()
-        while heap and (heap[0].cancelled or heap[0].deadline_ns <= now):
-            handle = heapq.heappop(heap)
+        # self._heap, not a local: a callback may close the timer (which replaces the heap).
+        while self._heap and (self._heap[0].cancelled or self._heap[0].deadline_ns <= now):
+            handle = heapq.heappop(self._heap)
             if handle.cancelled:
                 self._cancelled -= 1
                 continue

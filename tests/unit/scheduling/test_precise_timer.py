@@ -79,15 +79,21 @@ def test_a_callback_may_schedule_and_cancel_timers() -> None:
     async def body() -> list[str]:
         timer = PreciseTimer()
         ran: list[str] = []
+        done = asyncio.get_running_loop().create_future()
         later = timer.call_later_ns(300_000, ran.append, "cancelled by first")
+
+        def second() -> None:
+            ran.append("scheduled by first")
+            done.set_result(None)
 
         def first() -> None:
             ran.append("first")
             later.cancel()
-            timer.call_later_ns(100_000, ran.append, "scheduled by first")
+            timer.call_later_ns(100_000, second)
 
         timer.call_later_ns(100_000, first)
-        await timer.sleep_ns(2_000_000)
+        await asyncio.wait_for(done, 10)
+        await asyncio.sleep(0.01)  # past the cancelled one's deadline
         timer.close()
         return ran
 
@@ -129,3 +135,16 @@ def test_a_failing_callback_does_not_stop_the_others() -> None:
     ran, errors = asyncio.run(body())
     assert ran == ["same deadline", "later"]
     assert len(errors) == 1 and isinstance(errors[0], RuntimeError)
+
+
+def test_a_callback_may_close_the_timer() -> None:
+    async def body() -> tuple[list[int], int]:
+        timer = PreciseTimer()
+        ran: list[int] = []
+        timer.call_later_ns(100_000, timer.close)
+        for i in range(100):
+            timer.call_later_ns(100_000, ran.append, i)
+        await asyncio.sleep(0.02)
+        return ran, len(timer)
+
+    assert asyncio.run(body()) == ([], 0)
