@@ -1,18 +1,19 @@
 """Sub-millisecond timers for an event loop: one Linux timerfd watched by the loop, plus a heap.
 
 asyncio and uvloop round timer deadlines to whole milliseconds (epoll_wait and libuv take their
-timeout in ms), so a 500 us batching delay or queue timeout fires after 1-2 ms. A timerfd armed
-at an absolute CLOCK_MONOTONIC deadline (nanoseconds) makes the loop's poll return when it
-expires, within tens of microseconds.
+timeout in ms): a 500 us delay fired ~580 us late on asyncio, and at once on uvloop (0.5 ms rounds
+down to 0), which left the caller polling until due. A timerfd armed at an absolute
+CLOCK_MONOTONIC deadline makes the loop's poll return when it expires; it is set 50 us early and
+the loop's next turns poll the rest, because a thread woken from epoll_wait on a busy machine
+runs 30-40 us after the expiry.
 
-Why a timerfd and not a timer thread that calls loop.call_soon_threadsafe: measured on a loaded
-two-core machine (1,000 timers of 500 us each, one at a time, asyncio and uvloop), the timerfd
-fired a median of 32-37 us late (p90 40-78 us) and cost 37-47 us of CPU per timer; the thread
-fired 90-98 us late (p90 118-148 us, p99 2-4 ms) and cost 51-70 us: it must win the GIL from the
-loop thread (up to the 5 ms switch interval while the loop runs Python) and wakes the loop through
-its self-pipe, two thread switches per timer. The loop's own timers fired 588 us late (asyncio)
-or 499 us early (uvloop rounds 0.5 ms down to 0). Where timerfd is missing (not Linux) the loop's
-own timers are used.
+Why a timerfd and not a timer thread that calls loop.call_soon_threadsafe: measured on the same
+two-core machine (1,000 timers of 500 us, one at a time, asyncio and uvloop), the timerfd fired a
+median of 1 us late (p99 19-30 us) for ~50 us of CPU per timer; the thread fired 86-90 us late
+(p99 124-136 us, milliseconds when the machine is loaded) for 42-52 us: it must win the GIL from
+the loop thread (up to the 5 ms switch interval while the loop runs Python) and wakes the loop
+through its self-pipe, two thread switches per timer. Where timerfd is missing (not Linux) the
+loop's own timers are used.
 
 Schedule is O(log n) (a heap push), cancel is O(1) (a flag; cancelled entries are dropped when
 they reach the top of the heap, or all at once when they outnumber the live ones).
@@ -33,6 +34,10 @@ _CLOCK_MONOTONIC = 1  # time.monotonic_ns() reads this clock on Linux
 _TFD_NONBLOCK = os.O_NONBLOCK
 _TFD_CLOEXEC = 0o2000000
 _TFD_TIMER_ABSTIME = 1
+# The timerfd is set this much before the deadline and the loop polls the rest on its next turns:
+# a thread woken from epoll_wait on a busy machine runs 30-40 us after the expiry, a polling
+# loop within a few microseconds. Polling costs at most this much CPU per wake-up.
+_EARLY_NS = 50_000
 
 
 class _Timespec(ctypes.Structure):
@@ -127,9 +132,10 @@ class PreciseTimer:
         self._cancelled = 0  # cancelled handles still in the heap
         self._armed_ns = 0  # deadline the timerfd is set to (0: disarmed)
         self._fallback: asyncio.TimerHandle | None = None
+        self._poll: asyncio.Handle | None = None  # the loop's next turn checks the heap again
         self._timerfd = _open_timerfd()
         if self._timerfd is not None:
-            self._loop.add_reader(self._timerfd.fd, self._fired)
+            self._loop.add_reader(self._timerfd.fd, self._expired)
 
     @property
     def precise(self) -> bool:
@@ -162,15 +168,18 @@ class PreciseTimer:
             return  # an earlier wake-up is already set; it re-arms for the rest
         self._armed_ns = deadline_ns
         if self._timerfd is not None:
-            self._timerfd.arm(deadline_ns)
+            self._timerfd.arm(deadline_ns - _EARLY_NS)
             return
         if self._fallback is not None:
             self._fallback.cancel()
         self._fallback = self._loop.call_later(max(deadline_ns - time.monotonic_ns(), 0) / 1e9, self._fired)
 
-    def _fired(self) -> None:
+    def _expired(self) -> None:
         if self._timerfd is not None:
             self._timerfd.drain()
+        self._fired()
+
+    def _fired(self) -> None:
         self._armed_ns = 0
         self._fallback = None
         now = time.monotonic_ns()
@@ -184,8 +193,19 @@ class PreciseTimer:
                 handle._run()
             except Exception as exc:  # one failing callback must not strand the timers after it
                 self._loop.call_exception_handler({"message": "timer callback failed", "exception": exc})
-        if self._heap:
-            self._arm(self._heap[0].deadline_ns)
+        if not self._heap:
+            return
+        next_ns = self._heap[0].deadline_ns
+        if self._timerfd is not None and next_ns - time.monotonic_ns() <= _EARLY_NS:
+            self._armed_ns = next_ns  # woken early on purpose: poll until it is due
+            if self._poll is None:
+                self._poll = self._loop.call_soon(self._polled)
+        else:
+            self._arm(next_ns)
+
+    def _polled(self) -> None:
+        self._poll = None
+        self._fired()
 
     def _compact(self) -> None:
         """Drop cancelled handles when they are the majority (amortised O(1) per cancel)."""
@@ -199,9 +219,10 @@ class PreciseTimer:
         self._cancelled = 0
         for handle in heap:
             handle._detach()
-        if self._fallback is not None:
-            self._fallback.cancel()
-            self._fallback = None
+        for pending in (self._fallback, self._poll):
+            if pending is not None:
+                pending.cancel()
+        self._fallback = self._poll = None
         if self._timerfd is not None:
             self._loop.remove_reader(self._timerfd.fd)
             self._timerfd.close()
