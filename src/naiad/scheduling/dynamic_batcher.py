@@ -12,6 +12,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
+from naiad.runtime.precise_timer import PreciseTimer
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, can_join, execute_batch, run_batch
 from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, PriorityLevel, build_levels, level_index
@@ -20,21 +21,28 @@ from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, P
 class DynamicBatcher:
     """One batching loop per model version; each idle instance takes the next batch formed."""
 
-    def __init__(self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching) -> None:
+    def __init__(
+        self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching,
+        timer: PreciseTimer | None = None,
+    ) -> None:
         self._pool = pool
         self._stats = stats
         self._max_rows = max(max_batch_size, 1)
         self._batching = max_batch_size > 0
-        preferred = sorted({s for s in batching.preferred_batch_size if 0 < s <= self._max_rows})
-        self._preferred = set(preferred) | {self._max_rows}
+        # As Triton: without preferred sizes, max_batch_size is the preferred size.
+        self._preferred = {s for s in batching.preferred_batch_size if 0 < s <= self._max_rows} or {self._max_rows}
+        self._max_preferred = max(self._preferred)
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
         self._preserve_ordering = batching.preserve_ordering
         self._levels, self._default_level = build_levels(batching)
         self._arrived = asyncio.Event()
-        self._running: set[asyncio.Task] = set()
+        self._running: set[asyncio.Task[None]] = set()
         self._inflight = 0
-        self._release_tail: asyncio.Future | None = None
+        self._release_tail: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
+        # Queue delays and timeouts are often below a millisecond, finer than the loop's timers.
+        self._own_timer = timer is None
+        self._timer = timer if timer is not None else PreciseTimer(self._loop)
         self._loop_task = self._loop.create_task(self._run())
 
     # ------------------------------------------------------------ admission
@@ -54,7 +62,8 @@ class DynamicBatcher:
                 self._inflight += 1
                 try:
                     await run_batch(self._pool, instance, [item], self._batching, self._stats)
-                    return await item.future
+                    response: BackendResponse = await item.future
+                    return response
                 except asyncio.CancelledError:
                     item.abandon()
                     raise
@@ -62,13 +71,14 @@ class DynamicBatcher:
                     self._inflight -= 1
         timer = None
         if timeout_us:
-            timer = self._loop.call_later(timeout_us / 1e6, self._expire, item, level)
+            timer = self._timer.call_later_ns(timeout_us * 1000, self._expire, item, level)
         level.queue.append(item)
         self._arrived.set()
         previous, own = self._ordering_slot()
         self._inflight += 1
         try:
-            return await item.future
+            queued: BackendResponse = await item.future
+            return queued
         finally:
             self._inflight -= 1
             if timer is not None:
@@ -83,7 +93,7 @@ class DynamicBatcher:
         if level.queue.discard(item) or level.delayed.discard(item):
             self._arrived.set()
 
-    def _ordering_slot(self) -> tuple[asyncio.Future | None, asyncio.Future | None]:
+    def _ordering_slot(self) -> tuple[asyncio.Future[None] | None, asyncio.Future[None] | None]:
         if not self._preserve_ordering:
             return None, None
         previous = self._release_tail
@@ -91,7 +101,7 @@ class DynamicBatcher:
         self._release_tail = own
         return previous, own
 
-    async def _release_in_order(self, previous: asyncio.Future | None, own: asyncio.Future) -> None:
+    async def _release_in_order(self, previous: asyncio.Future[None] | None, own: asyncio.Future[None]) -> None:
         """preserve_ordering: a response waits until every earlier request's response was released."""
         try:
             if previous is not None:
@@ -129,55 +139,68 @@ class DynamicBatcher:
         for level in self._levels:
             yield from level.delayed
 
-    def _prefix(self) -> list[WorkItem]:
-        """The longest run of compatible, still-wanted requests that fits in one batch."""
+    def _prefix(self) -> tuple[list[WorkItem], bool]:
+        """The longest run of compatible, still-wanted requests that fits in one batch, and whether
+        a queued request was left out (too many rows or another shape: the batch cannot grow)."""
         items: list[WorkItem] = []
         rows = 0
         for item in self._candidates():
             if item.future.done():
                 continue
-            if items and (not self._batching or not can_join(items[0], item)):
-                break
-            if items and rows + item.batch_size > self._max_rows:
-                break
+            if items and (not self._batching or not can_join(items[0], item) or rows + item.batch_size > self._max_rows):
+                return items, True
             items.append(item)
             rows += item.batch_size
-            if not self._batching:
-                break
-        return items
+        return items, False
 
-    def _preferred_cut(self, items: list[WorkItem]) -> int:
-        """Length of the largest prefix whose rows equal a preferred size (0 if none)."""
-        rows, cut = 0, 0
-        for index, item in enumerate(items, start=1):
+    def _cut(self, items: list[WorkItem], blocked: bool) -> tuple[int, str]:
+        """How many of items to send now and what closed the batch; (0, "") to wait for more.
+
+        Triton's rule: the largest prefix of a preferred size goes at once (or, when the queue holds
+        more than the largest preferred size, the prefix below it), unless the oldest request has
+        waited max_queue_delay: then everything that fits goes, up to max_batch_size. Without a
+        delay, or when the batch cannot grow, what is there goes.
+        """
+        rows, best, best_rows = 0, 0, 0
+        for index, item in enumerate(items):
+            if not best and index and rows + item.batch_size > self._max_preferred:
+                best, best_rows = index, rows
             rows += item.batch_size
             if rows in self._preferred:
-                cut = index
-        return cut
+                best, best_rows = index + 1, rows
+        expired = self._delay_ns > 0 and time.perf_counter_ns() - items[0].enqueue_ns >= self._delay_ns
+        if best and not expired:
+            return best, "max" if best_rows >= self._max_rows else "preferred"
+        if rows >= self._max_rows:
+            return len(items), "max"
+        if expired:
+            return len(items), "delay"
+        if blocked or rows >= self._max_preferred:
+            return len(items), "preferred"
+        if self._delay_ns == 0:
+            return len(items), "no_delay"
+        return 0, ""
 
     async def _next_batch(self) -> list[WorkItem]:
         while True:
             self._drop_finished()
-            items = self._prefix()
+            items, blocked = self._prefix()
             if not items:
                 self._arrived.clear()
                 await self._arrived.wait()
                 continue
-            cut = self._preferred_cut(items)
+            cut, reason = self._cut(items, blocked)
             if cut:
-                rows = sum(it.batch_size for it in items[:cut])
-                self._close("max" if rows >= self._max_rows else "preferred")
+                self._close(reason)
                 return items[:cut]
-            if self._delay_ns == 0:
-                self._close("no_delay")
-                return items
+            # Wake on the next arrival or when the oldest request's delay is up, whichever is first.
             remaining = items[0].enqueue_ns + self._delay_ns - time.perf_counter_ns()
-            if remaining <= 0:
-                self._close("delay")
-                return items
             self._arrived.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining / 1e9)
+            wake = self._timer.call_later_ns(remaining, self._arrived.set)
+            try:
+                await self._arrived.wait()
+            finally:
+                wake.cancel()
 
     def _drop_finished(self) -> None:
         for level in self._levels:
@@ -227,3 +250,5 @@ class DynamicBatcher:
         for level in self._levels:
             level.queue.clear()
             level.delayed.clear()
+        if self._own_timer:
+            self._timer.close()

@@ -1,11 +1,13 @@
 """Dynamic batcher behaviour: preferred sizes, delay, priorities, queue size, timeouts, ordering."""
 
 import asyncio
+import statistics
 import threading
 import time
 
 import numpy as np
 import pytest
+import uvloop
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch
@@ -15,6 +17,7 @@ from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import WorkItem
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
+from tests.support.timing import quietest_median
 
 
 class RecordingInstance:
@@ -66,6 +69,16 @@ async def _with_batcher(config, body, max_batch_size=8, instances=1):
     finally:
         await batcher.stop()
         await pool.close()
+
+
+async def _until_executing(batcher) -> None:
+    """Until the one request enqueued has left the queue for the instance."""
+    await asyncio.sleep(0)
+    for _ in range(1000):
+        if batcher.pending() == 0 and batcher.inflight() == 1:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the request never left the queue")
 
 
 def run(coro):
@@ -271,3 +284,125 @@ def test_batches_record_what_closed_them():
     run(_with_batcher(_config(preferred_batch_size=[2, 4]), body))
     assert stats_holder["closed"] == {"idle_instance": 1, "preferred": 1, "no_delay": 1}
     assert stats_holder["sizes"] == {1: 2, 4: 1}
+
+
+@pytest.mark.parametrize("runner", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_sub_millisecond_queue_delay_is_kept(runner):
+    # 500 us: the loop's timers round it to whole milliseconds (asyncio waits >= 1 ms; uvloop
+    # fires at once and the batcher polled until due, spending the whole wait on the CPU).
+    requests = 200
+
+    async def body():
+        recs = [RecordingInstance()]
+        pool = InstancePool([ThreadInstance(r) for r in recs])
+        batcher = DynamicBatcher(pool, ModelStatistics("m", "1"), 8, _config(max_queue_delay_microseconds=500))
+        waits = []
+        cpu_start = time.thread_time_ns()  # the loop's thread only
+        try:
+            for v in range(requests):
+                item = _item(v)
+                await batcher.enqueue(item)
+                waits.append(item.dispatch_ns - item.enqueue_ns)
+            cpu = time.thread_time_ns() - cpu_start
+        finally:
+            await batcher.stop()
+            await pool.close()
+        return waits, cpu
+
+    waits, cpu = runner(body())
+    assert min(waits) >= 500_000  # a lone request waits the whole delay for company
+    assert quietest_median(waits) < 750_000  # ... and not much longer
+    assert cpu / requests < 300_000  # ... asleep (measured: 50-100 us of loop CPU a request)
+
+
+def test_closed_loop_clients_fill_batches_within_the_queue_delay():
+    clients, rounds = 32, 25
+
+    async def body(batcher, rec):
+        async def client(index):
+            for _ in range(rounds):
+                await batcher.enqueue(_item(index))
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return batcher._stats.batch_sizes()
+
+    sizes = run(_with_batcher(_config(max_queue_delay_microseconds=2000), body, max_batch_size=32))
+    executions = [size for size, count in sizes.items() for _ in range(count)]
+    assert sum(executions) == clients * rounds
+    assert statistics.median(executions) >= 24, sizes
+
+
+def test_largest_preferred_size_caps_the_batch_below_max_batch_size():
+    # As Triton: max_batch_size is a preferred size only when none is configured.
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await asyncio.sleep(0.05)
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in range(1, 9)]
+        await asyncio.sleep(0.05)
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        return rec.batches
+
+    batches = run(_with_batcher(_config(preferred_batch_size=[4]), body))
+    assert batches == [[0.0], [1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]
+
+
+def test_requests_past_the_queue_delay_go_as_one_batch_up_to_max_batch_size():
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)  # the lone first request waited its delay
+        rest = [asyncio.create_task(batcher.enqueue(_item(v))) for v in range(1, 7)]
+        await asyncio.sleep(0.1)  # twice the delay: the 6 queued requests are overdue
+        rec.gate.set()
+        await asyncio.gather(first, *rest)
+        return rec.batches, dict(batcher._stats.batches_closed)
+
+    batches, closed = run(_with_batcher(_config(preferred_batch_size=[4], max_queue_delay_microseconds=50_000), body))
+    assert batches == [[0.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]
+    assert closed == {"delay": 2}
+
+
+def test_a_batch_that_cannot_grow_does_not_wait_for_the_delay():
+    # The next queued request has another shape: waiting could not make the batch larger.
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)
+        small = asyncio.create_task(batcher.enqueue(_item(1)))
+        wide = WorkItem({"X": np.full((1, 2), 2, np.float32)}, ["Y"], 1, request=InferenceRequest(model_name="m", inputs=[]))
+        other = asyncio.create_task(batcher.enqueue(wide))
+        await asyncio.sleep(0.01)
+        opened = time.monotonic()
+        rec.gate.set()
+        await small
+        small_after = time.monotonic() - opened
+        await asyncio.gather(first, other)
+        return rec.batches, small_after
+
+    batches, small_after = run(_with_batcher(_config(max_queue_delay_microseconds=1_500_000), body))
+    assert batches == [[0.0], [1.0], [2.0]]
+    assert small_after < 1.0  # not held for the 1.5 s delay
+
+
+def test_sub_millisecond_queue_timeout_is_kept():
+    policy = mc.ModelQueuePolicy(default_timeout_microseconds=700)
+
+    async def body(batcher, rec):
+        rec.gate.clear()
+        first = asyncio.create_task(batcher.enqueue(_item(0)))
+        await _until_executing(batcher)
+        waits = []
+        for v in range(1, 151):
+            item = _item(v)
+            with pytest.raises(NaiadError, match="Request timeout expired"):
+                await batcher.enqueue(item)
+            waits.append(time.perf_counter_ns() - item.enqueue_ns)
+        rec.gate.set()
+        await first
+        return waits
+
+    waits = run(_with_batcher(_config(policy=policy), body))
+    assert min(waits) >= 700_000
+    assert quietest_median(waits) < 1_000_000  # the loop's timers: >= 1 ms
