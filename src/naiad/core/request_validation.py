@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from naiad.core.model_version import ModelVersion, TensorSpec
@@ -16,7 +18,7 @@ _BATCH_NOTE = (
 )
 
 
-def _fmt(shape) -> str:
+def _fmt(shape: Iterable[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 

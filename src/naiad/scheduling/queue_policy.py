@@ -21,7 +21,7 @@ class QueuePolicy:
     max_queue_size: int = 0
 
     @classmethod
-    def from_config(cls, policy: mc.ModelQueuePolicy) -> "QueuePolicy":
+    def from_config(cls, policy: mc.ModelQueuePolicy) -> QueuePolicy:
         return cls(
             delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
             default_timeout_us=policy.default_timeout_microseconds,
