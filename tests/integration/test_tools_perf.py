@@ -79,7 +79,7 @@ def test_grpc_with_system_shared_memory(server):
     assert result.server_delta.inference_count == 4 * result.server_delta.success_count
     control = HttpControl(server.http_url)
     try:
-        assert control.request("GET", "/v2/systemsharedmemory/status")[1] == []  # regions were unregistered
+        assert control.system_shm_regions() == []  # regions were unregistered
     finally:
         control.close()
 

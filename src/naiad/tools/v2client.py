@@ -1,10 +1,11 @@
-"""A small blocking control-plane client for v2 servers (HTTP or gRPC): health, metadata, config, stats, shm, repository."""
+"""The tools' blocking control plane for v2 servers (HTTP or gRPC): readiness, metadata, config, statistics,
+system shared memory and repository load/unload, over tritonclient, with answers typed for the tools."""
 
 from __future__ import annotations
 
 import http.client
-import json
-import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,186 +88,149 @@ def split_url(url: str, default_port: int) -> tuple[str, int]:
     return (host or "localhost"), int(port or default_port)
 
 
-class HttpControl:
-    """Control-plane calls over HTTP/REST with one persistent connection."""
+def _address(url: str, default_port: int) -> str:
+    """'host:port' as tritonclient takes it (no scheme; IPv6 hosts bracketed)."""
+    host, port = split_url(url, default_port)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def __init__(self, url: str, timeout: float = 30.0) -> None:
-        self.host, self.port = split_url(url, 8000)
-        self.timeout = timeout
-        self._conn: http.client.HTTPConnection | None = None
+
+@contextmanager
+def _server_errors(what: str) -> Iterator[None]:
+    """tritonclient's errors as ServerError carrying the server's own message."""
+    from tritonclient.utils import InferenceServerException
+
+    try:
+        yield
+    except InferenceServerException as exc:
+        status = str(exc.status() or "").removeprefix("StatusCode.")
+        status = f"HTTP {status}" if status.isdigit() else status
+        raise ServerError(f"{what}: {status}: {exc.message()}" if status else f"{what}: {exc.message()}") from None
+    except http.client.HTTPException as exc:  # geventhttpclient: the connection closed or sent no valid HTTP
+        raise ServerError(f"{what}: {exc!r}") from None
+
+
+class ControlClient:
+    """The calls both protocols share; `_call` holds the per-call options of the protocol's tritonclient."""
+
+    def __init__(self, client: Any, **call: Any) -> None:
+        self._client = client
+        self._call = call
 
     def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        payload = None if body is None else json.dumps(body).encode()
-        for attempt in range(2):
-            if self._conn is None:
-                self._conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            try:
-                headers = {"Content-Type": "application/json"} if payload is not None else {}
-                self._conn.request(method, path, body=payload, headers=headers)
-                response = self._conn.getresponse()
-                data = response.read()
-                break
-            except (ConnectionError, http.client.HTTPException, OSError):
-                self.close()
-                if attempt:
-                    raise
-        doc: Any = None
-        if data:
-            try:
-                doc = json.loads(data)
-            except ValueError:
-                doc = {"error": data.decode(errors="replace")}
-        return response.status, doc
-
-    def _ok(self, method: str, path: str, body: Any = None) -> Any:
-        status, doc = self.request(method, path, body)
-        if status != 200:
-            message = doc.get("error", str(doc)) if isinstance(doc, dict) else str(doc)
-            raise ServerError(f"{method} {path}: HTTP {status}: {message}")
-        return doc
-
-    @staticmethod
-    def _model_path(model: str, version: str) -> str:
-        return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+        self._client.close()
 
     def ready(self) -> bool:
+        """Server readiness; False when the server cannot be reached."""
         try:
-            return self.request("GET", "/v2/health/ready")[0] == 200
-        except OSError:
+            with _server_errors("server ready"):
+                return bool(self._client.is_server_ready(**self._call))
+        except (ServerError, OSError):
             return False
 
     def model_ready(self, model: str, version: str = "") -> bool:
         try:
-            return self.request("GET", self._model_path(model, version) + "/ready")[0] == 200
-        except OSError:
+            with _server_errors(f"model '{model}' ready"):
+                return bool(self._client.is_model_ready(model, version, **self._call))
+        except (ServerError, OSError):
             return False
 
     def metadata(self, model: str, version: str = "") -> dict[str, Any]:
-        return self._ok("GET", self._model_path(model, version))
+        with _server_errors(f"model '{model}' metadata"):
+            doc: dict[str, Any] = self._client.get_model_metadata(model, version, **self._json())
+        for key in ("inputs", "outputs"):
+            for tensor in doc.get(key, []):
+                tensor["shape"] = [int(d) for d in tensor.get("shape", [])]  # gRPC JSON writes int64 as strings
+        return doc
 
     def config(self, model: str, version: str = "") -> dict[str, Any]:
-        return self._ok("GET", self._model_path(model, version) + "/config")
+        with _server_errors(f"model '{model}' config"):
+            return self._config_doc(self._client.get_model_config(model, version, **self._json()))
 
     def stats(self, model: str, version: str = "") -> StatsSnapshot:
-        doc = self._ok("GET", self._model_path(model, version) + "/stats")
+        with _server_errors(f"model '{model}' statistics"):
+            doc = self._client.get_inference_statistics(model, version, **self._json())
         return StatsSnapshot.from_json(doc.get("model_stats", []))
 
     def register_system_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
-        self._ok("POST", f"/v2/systemsharedmemory/region/{name}/register",
-                 {"key": key, "offset": offset, "byte_size": byte_size})
+        with _server_errors(f"register system shared memory '{name}'"):
+            self._client.register_system_shared_memory(name, key, byte_size, offset, **self._call)
 
     def unregister_system_shm(self, name: str) -> None:
-        self._ok("POST", f"/v2/systemsharedmemory/region/{name}/unregister")
+        with _server_errors(f"unregister system shared memory '{name}'"):
+            self._client.unregister_system_shared_memory(name, **self._call)
+
+    def system_shm_regions(self) -> list[str]:
+        """The names of the registered system shared-memory regions."""
+        with _server_errors("system shared memory status"):
+            return self._region_names(self._client.get_system_shared_memory_status(**self._json()))
 
     def load(self, model: str, config_json: str = "") -> None:
         """Load (or reload) a model; `config_json` overrides its config.pbtxt (Triton's "config" parameter)."""
-        body = {"parameters": {"config": config_json}} if config_json else {}
-        self._ok("POST", f"/v2/repository/models/{model}/load", body)
-
-    def infer_json(self, model: str, inputs: list[tuple[str, str, Any]]) -> dict[str, Any]:
-        """One inference with JSON tensors: inputs are (name, datatype, numpy array); returns name -> numpy array."""
-        import numpy as np
-
-        doc = {"inputs": [{"name": n, "datatype": d, "shape": list(a.shape), "data": a.ravel().tolist()}
-                          for n, d, a in inputs]}
-        answer = self._ok("POST", f"/v2/models/{model}/infer", doc)
-        return {o["name"]: np.asarray(o["data"]).reshape(o["shape"]) for o in answer.get("outputs", [])}
+        with _server_errors(f"load model '{model}'"):
+            self._client.load_model(model, config=config_json or None, **self._call)
 
     def unload(self, model: str) -> None:
-        self._ok("POST", f"/v2/repository/models/{model}/unload", {})
+        with _server_errors(f"unload model '{model}'"):
+            self._client.unload_model(model, **self._call)
+
+    def _json(self) -> dict[str, Any]:
+        return self._call
+
+    def _config_doc(self, answer: Any) -> dict[str, Any]:
+        return dict(answer)
+
+    def _region_names(self, answer: Any) -> list[str]:
+        return [str(region["name"]) for region in answer]
 
 
-class GrpcControl:
-    """The same calls over gRPC (GRPCInferenceService stubs from tritonclient)."""
+class HttpControl(ControlClient):
+    """Control-plane calls over HTTP/REST (tritonclient.http: one keep-alive connection)."""
 
     def __init__(self, url: str, timeout: float = 30.0) -> None:
-        import grpc
-        from tritonclient.grpc import service_pb2, service_pb2_grpc
+        import tritonclient.http as triton_http
 
-        self._grpc = grpc
-        self._pb = service_pb2
-        host, port = split_url(url, 8001)
-        self._channel = grpc.insecure_channel(f"{host}:{port}")
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        self.timeout = timeout
+        super().__init__(triton_http.InferenceServerClient(
+            _address(url, 8000), connection_timeout=timeout, network_timeout=timeout))
 
-    def close(self) -> None:
-        self._channel.close()
+    def infer_json(self, model: str, inputs: list[tuple[str, str, Any]]) -> dict[str, Any]:
+        """One inference with JSON input tensors: inputs are (name, datatype, numpy array); returns name -> array."""
+        import tritonclient.http as triton_http
 
-    def _call(self, name: str, request: Any) -> Any:
-        try:
-            return getattr(self._stub, name)(request, timeout=self.timeout)
-        except self._grpc.RpcError as exc:
-            raise ServerError(f"{name}: {exc.code().name}: {exc.details()}") from None
+        with _server_errors(f"infer '{model}'"):  # an array that does not match its datatype fails here too
+            tensors = []
+            for name, datatype, array in inputs:
+                tensor = triton_http.InferInput(name, list(array.shape), datatype)
+                tensor.set_data_from_numpy(array, binary_data=False)
+                tensors.append(tensor)
+            result = self._client.infer(model, tensors)
+        return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response().get("outputs", [])}
 
-    def _dict(self, message: Any) -> dict[str, Any]:
-        from google.protobuf import json_format
 
-        return json_format.MessageToDict(message, preserving_proto_field_name=True)
+class GrpcControl(ControlClient):
+    """The same calls over gRPC (tritonclient.grpc), each bounded by `timeout` seconds."""
 
-    def ready(self) -> bool:
-        try:
-            return bool(self._stub.ServerReady(self._pb.ServerReadyRequest(), timeout=self.timeout).ready)
-        except self._grpc.RpcError:
-            return False
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        import tritonclient.grpc as triton_grpc
 
-    def model_ready(self, model: str, version: str = "") -> bool:
-        try:
-            return bool(self._stub.ModelReady(self._pb.ModelReadyRequest(name=model, version=version), timeout=self.timeout).ready)
-        except self._grpc.RpcError:
-            return False
+        super().__init__(triton_grpc.InferenceServerClient(_address(url, 8001)), client_timeout=timeout)
 
-    def metadata(self, model: str, version: str = "") -> dict[str, Any]:
-        doc = self._dict(self._call("ModelMetadata", self._pb.ModelMetadataRequest(name=model, version=version)))
-        for key in ("inputs", "outputs"):
-            for tensor in doc.get(key, []):
-                tensor["shape"] = [int(d) for d in tensor.get("shape", [])]
+    def _json(self) -> dict[str, Any]:
+        return {**self._call, "as_json": True}
+
+    def _config_doc(self, answer: Any) -> dict[str, Any]:
+        doc: dict[str, Any] = answer.get("config", {})
+        doc["max_batch_size"] = int(doc.get("max_batch_size", 0))  # proto3 JSON leaves out a zero
         return doc
 
-    def config(self, model: str, version: str = "") -> dict[str, Any]:
-        response = self._call("ModelConfig", self._pb.ModelConfigRequest(name=model, version=version))
-        doc = self._dict(response.config)
-        doc["max_batch_size"] = int(response.config.max_batch_size)
-        return doc
-
-    def stats(self, model: str, version: str = "") -> StatsSnapshot:
-        response = self._call("ModelStatistics", self._pb.ModelStatisticsRequest(name=model, version=version))
-        return StatsSnapshot.from_json(self._dict(response).get("model_stats", []))
-
-    def register_system_shm(self, name: str, key: str, byte_size: int, offset: int = 0) -> None:
-        self._call("SystemSharedMemoryRegister",
-                   self._pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=offset, byte_size=byte_size))
-
-    def unregister_system_shm(self, name: str) -> None:
-        self._call("SystemSharedMemoryUnregister", self._pb.SystemSharedMemoryUnregisterRequest(name=name))
-
-    def load(self, model: str) -> None:
-        self._call("RepositoryModelLoad", self._pb.RepositoryModelLoadRequest(model_name=model))
-
-    def unload(self, model: str) -> None:
-        self._call("RepositoryModelUnload", self._pb.RepositoryModelUnloadRequest(model_name=model))
+    def _region_names(self, answer: Any) -> list[str]:
+        return list(answer.get("regions", {}))
 
 
-def control_client(protocol: str, url: str, timeout: float = 30.0) -> HttpControl | GrpcControl:
+def control_client(protocol: str, url: str, timeout: float = 30.0) -> ControlClient:
     return GrpcControl(url, timeout) if protocol == "grpc" else HttpControl(url, timeout)
 
 
-def wait_ready(client: HttpControl | GrpcControl, timeout: float, model: str = "") -> None:
-    """Poll readiness (server, then the model when named) until `timeout` seconds have passed."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if client.ready() and (not model or client.model_ready(model)):
-            return
-        time.sleep(0.05)
-    raise ServerError(f"server not ready after {timeout:.0f} s" + (f" (model '{model}')" if model else ""))
-
-
-def model_info(client: HttpControl | GrpcControl, model: str, version: str = "") -> ModelInfo:
+def model_info(client: ControlClient, model: str, version: str = "") -> ModelInfo:
     """Metadata + config folded into the facts a load generator needs."""
     meta = client.metadata(model, version)
     config = client.config(model, version)

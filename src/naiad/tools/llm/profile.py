@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import http.client
 import sys
 from pathlib import Path
 from typing import TextIO
@@ -40,7 +39,7 @@ def _generate_endpoint(options: LlmOptions) -> EndpointSpec:
     control = HttpControl(options.url, timeout=10.0)
     try:
         config = control.config(options.model)
-    except (ServerError, OSError, http.client.HTTPException):
+    except (ServerError, OSError):
         config = None  # not a Triton-style server (or the config is hidden): the run itself reports errors
     finally:
         control.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import http.client
 import sys
 import time
 from collections.abc import Callable
@@ -78,7 +77,7 @@ class Profiler:
                 raise PerfError(f"model '{o.model}' is not ready on {o.resolved_url()} (is it in the repository and "
                                 "loaded? GET /v2/repository/index lists the models)")
             return model_info(self.control, o.model, o.version)
-        except (ServerError, OSError, http.client.HTTPException) as exc:
+        except (ServerError, OSError) as exc:
             raise PerfError(f"cannot read model '{o.model}' from {o.resolved_url()}: {exc}") from None
 
     def _payloads(self, info: ModelInfo, shm: SystemShmRegions | None) -> tuple[list[bytes], list[Any], InputData]:

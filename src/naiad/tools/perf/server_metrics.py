@@ -7,19 +7,18 @@ export as nv_cpu_*) are aggregated the same way, so a CPU-only server still repo
 
 from __future__ import annotations
 
-import re
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from prometheus_client.parser import text_string_to_metric_families
+
 GPU_FAMILIES = {"nv_gpu_utilization": "util", "nv_gpu_power_usage": "power", "nv_gpu_memory_used_bytes": "used",
                 "nv_gpu_memory_total_bytes": "total"}
 CPU_FAMILIES = {"nv_cpu_utilization": "cpu_util", "nv_cpu_memory_used_bytes": "cpu_used",
                 "nv_cpu_memory_total_bytes": "cpu_total"}
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)")
-_UUID = re.compile(r'gpu_uuid="([^"]*)"')
 CSV_COLUMNS = ["Avg GPU Utilization", "Avg GPU Power Usage", "Max GPU Memory Usage", "Total GPU Memory",
                "Avg CPU Utilization", "Max CPU Memory Usage"]
 
@@ -32,24 +31,14 @@ class Sample:
 
 
 def parse_prometheus(text: str, time_ns: int = 0) -> Sample:
-    """The GPU and CPU gauges of one scrape (other families ignored)."""
+    """The GPU and CPU gauges of one scrape (other families ignored); ValueError if the text is not Prometheus."""
     sample = Sample(time_ns, {kind: {} for kind in GPU_FAMILIES.values()}, {})
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _LINE.match(line)
-        if not match:
-            continue
-        name, labels, raw = match.groups()
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if name in GPU_FAMILIES:
-            uuid = _UUID.search(labels or "")
-            sample.gpu[GPU_FAMILIES[name]][uuid.group(1) if uuid else "gpu"] = value
-        elif name in CPU_FAMILIES:
-            sample.cpu[CPU_FAMILIES[name]] = value
+    for family in text_string_to_metric_families(text):
+        for point in family.samples:
+            if point.name in GPU_FAMILIES:
+                sample.gpu[GPU_FAMILIES[point.name]][point.labels.get("gpu_uuid", "gpu")] = point.value
+            elif point.name in CPU_FAMILIES:
+                sample.cpu[CPU_FAMILIES[point.name]] = point.value
     return sample
 
 
@@ -149,13 +138,13 @@ class MetricsCollector:
         """Take one sample now; the first failure is reported and ends the collection."""
         try:
             with urllib.request.urlopen(self.url, timeout=self.timeout_s) as answer:
-                text = answer.read().decode("utf-8", "replace")
+                sample = parse_prometheus(answer.read().decode("utf-8", "replace"), time.monotonic_ns())
         except (OSError, urllib.error.URLError, ValueError) as exc:
             self.failed = True
             print(f"Warning: cannot read server metrics from {self.url} ({exc}); --collect-metrics is off",
                   file=self.err)
             return
-        self.samples.append(parse_prometheus(text, time.monotonic_ns()))
+        self.samples.append(sample)
 
     def poll(self) -> None:
         now = time.monotonic_ns()

@@ -7,13 +7,13 @@ from multiprocessing import shared_memory
 
 from naiad.tools.perf.inputs import InputSet, tensor_bytes
 from naiad.tools.perf.payloads import ShmLayout, ShmRef
-from naiad.tools.v2client import GrpcControl, HttpControl
+from naiad.tools.v2client import ControlClient
 
 
 class SystemShmRegions:
     """One input region holding every input set, one region per output; all unlinked on close()."""
 
-    def __init__(self, control: HttpControl | GrpcControl, prefix: str | None = None) -> None:
+    def __init__(self, control: ControlClient, prefix: str | None = None) -> None:
         self.control = control
         self.prefix = prefix or f"naiad_perf_{os.getpid()}"
         self._segments: list[shared_memory.SharedMemory] = []
