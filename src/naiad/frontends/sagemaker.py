@@ -28,7 +28,6 @@ from google.protobuf import json_format
 from naiad.config.model_config import ConfigError, parse_config_text
 from naiad.frontends.cloud_common import (
     CloudInfer,
-    CloudListener,
     error,
     health_reply,
     read_json_object,
@@ -43,6 +42,7 @@ from naiad.frontends.http.errors import (
 from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.guard import HttpGuard, header_value
 from naiad.frontends.http.responses import Reply, Send, empty_reply, json_reply
+from naiad.frontends.listener import HttpListener
 from naiad.frontends.security import check_model_name, header_forwarder
 from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg
 
@@ -315,7 +315,7 @@ class SageMakerFrontend:
 
     def __init__(self, server: Server, host: str, port: int) -> None:
         self.app = SageMakerApp(server)
-        self._listener = CloudListener(self.app, server, host, port, "naiad-sagemaker")
+        self._listener = HttpListener.for_server(self.app, server.config, host, port, "naiad-sagemaker")
 
     async def start(self) -> int:
         return await self._listener.start()

@@ -20,7 +20,6 @@ from urllib.parse import unquote
 
 from naiad.frontends.cloud_common import (
     CloudInfer,
-    CloudListener,
     error,
     health_reply,
     reply,
@@ -29,6 +28,7 @@ from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.body import Receive
 from naiad.frontends.http.guard import header_value
 from naiad.frontends.http.responses import Reply, Send
+from naiad.frontends.listener import HttpListener
 from naiad.observability.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
@@ -134,13 +134,13 @@ class VertexFrontend:
         self._server = server
         self._host = host
         self._port = port
-        self._listener: CloudListener | None = None
+        self._listener: HttpListener | None = None
 
     async def start(self) -> int:
         """Resolve the default model (models are loaded by now), then bind."""
         config = self._server.config
         app = VertexApp(self._server, resolve_default_model(self._server, config.vertex_ai_default_model))
-        self._listener = CloudListener(app, self._server, self._host, self._port, "naiad-vertex-ai")
+        self._listener = HttpListener.for_server(app, config, self._host, self._port, "naiad-vertex-ai")
         return await self._listener.start()
 
     async def stop(self) -> None:

@@ -12,7 +12,7 @@ from naiad.core.server import Server
 from naiad.frontends.grpc.guard import GuardInterceptor
 from naiad.frontends.http.infer_handler import InferHandler
 from naiad.frontends.http.routes import build_router
-from naiad.frontends.http.server import tls_options
+from naiad.frontends.listener import tls_options
 from naiad.frontends.security import (
     API_GROUPS,
     GRPC_MODEL_NAME_FIELDS,
