@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from naiad.core.server import Server
-from naiad.frontends.listener import HttpListener
+from naiad.frontends.http.listener import HttpListener
 from naiad.observability.exposition import CONTENT_TYPE
 
 

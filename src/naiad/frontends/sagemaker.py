@@ -42,8 +42,8 @@ from naiad.frontends.http.errors import (
 )
 from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.guard import HttpGuard, header_value
+from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.http.responses import Reply, Send, empty_reply, json_reply
-from naiad.frontends.listener import HttpListener
 from naiad.frontends.security import check_model_name, header_forwarder
 from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg
 

@@ -28,8 +28,8 @@ from naiad.frontends.cloud_common import (
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.body import Receive
 from naiad.frontends.http.guard import header_value
+from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.http.responses import Reply, Send
-from naiad.frontends.listener import HttpListener
 from naiad.observability.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:

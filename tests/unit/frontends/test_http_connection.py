@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
-from naiad.frontends.listener import HttpListener
+from naiad.frontends.http.listener import HttpListener
 from tests.support.waiting import wait_until
 
 

@@ -10,8 +10,8 @@ from tritonclient.grpc import service_pb2 as pb
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.frontends.grpc.guard import GuardInterceptor
+from naiad.frontends.http.listener import tls_options
 from naiad.frontends.http.routes import build_router
-from naiad.frontends.listener import tls_options
 from naiad.frontends.security import (
     API_GROUPS,
     GRPC_MODEL_NAME_FIELDS,

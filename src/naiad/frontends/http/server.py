@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from naiad.frontends.http.app import HttpApp
-from naiad.frontends.listener import HttpListener, tls_options
+from naiad.frontends.http.listener import HttpListener, tls_options
 
 if TYPE_CHECKING:
     from naiad.core.server import Server

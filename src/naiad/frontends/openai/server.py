@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from naiad.frontends.listener import HttpListener
+from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.openai.app import OpenAIApp
 
 if TYPE_CHECKING:
