@@ -43,7 +43,7 @@ class HttpApp:
                 match = route.pattern.fullmatch(path)
                 if match is not None:
                     if scope["method"] == "POST":
-                        await route.handle(scope, receive, send, *route.arguments(match))
+                        await route.call(scope, receive, send, match)
                     else:
                         await method_not_allowed(scope, send, ("POST",))
                     return

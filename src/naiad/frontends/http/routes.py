@@ -54,13 +54,13 @@ AsgiApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 @dataclass(frozen=True, slots=True)
 class FastRoute:
-    """POST on `pattern` calls `handle(scope, receive, send, *arguments(match))`; `marker` is a substring
-    every matching path holds, checked before the regex."""
+    """POST on `pattern` awaits `call(scope, receive, send, match)` (a plain function returning the
+    handler's coroutine: no extra frame per request); `marker` is a substring every matching path
+    holds, checked before the regex."""
 
     marker: str
     pattern: re.Pattern[str]
-    handle: Callable[..., Awaitable[None]]
-    arguments: Callable[[re.Match[str]], tuple[Any, ...]]
+    call: Callable[[dict[str, Any], Receive, Send, re.Match[str]], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,12 @@ _VERSIONED = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
 def build_routes(server: Server, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
     """The HTTP/REST port's whole table (see the module docstring for the order)."""
     fast = (
-        FastRoute("/infer", re.compile(_VERSIONED + "/infer"), infer.handle,
-                  lambda match: (match.group(1), match.group(2) or "")),
-        FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"), generate.handle,
-                  lambda match: (match.group(1), match.group(2) or "", bool(match.group(3)))),
+        FastRoute("/infer", re.compile(_VERSIONED + "/infer"),
+                  lambda scope, receive, send, match: infer.handle(
+                      scope, receive, send, match.group(1), match.group(2) or "")),
+        FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"),
+                  lambda scope, receive, send, match: generate.handle(
+                      scope, receive, send, match.group(1), match.group(2) or "", bool(match.group(3)))),
     )
     return RouteTable(fast, (("/v1/", openai),), build_router(server))
 
