@@ -1,7 +1,7 @@
 """The route table: every path the HTTP/REST port answers, tried in this order by HttpApp.
 
 1. fast entries: POST infer and generate, the paths every inference takes. Each is a substring
-   test and one regex, so an inference does not walk the Router's 33 patterns; a wrong method
+   test and one regex, so an inference does not try the Router's patterns one by one; a wrong method
    on their paths is a JSON 405 here.
 2. mounts: whole sub-APIs by path prefix (/v1/ -> the OpenAI-compatible app).
 3. the Router: every other v2 / Triton-extension path (wrong method -> JSON 405, unknown -> JSON 404).
