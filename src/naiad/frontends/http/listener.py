@@ -20,29 +20,11 @@ import uvicorn
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
+from naiad.frontends.sockets import BACKLOG, bind_socket
 
 logger = logging.getLogger("naiad.frontends")
 
-BACKLOG = 2048
 KEEP_ALIVE_SECS = 75  # idle keep-alive connections are closed after this long
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening TCP socket on host:port (port 0 = any free port); IPv6 when the host is IPv6."""
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, socktype, proto, _, address = infos[0]
-    sock = socket.socket(family, socktype, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        if family == socket.AF_INET6 and host in ("::", ""):
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        sock.bind(address)
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
 
 
 def tls_options(certfile: str, keyfile: str, ca_certs: str, client_cert_required: bool) -> dict[str, Any]:
