@@ -352,6 +352,25 @@ def test_unknown_model_is_404_with_openai_error_object(server):
     assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens == 2
 
 
+def test_openai_route_table_methods_and_unknown_paths(server):
+    def status_of(method: str, path: str) -> tuple[int, dict]:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.openai_port}{path}", method=method,
+                                         data=b"{}" if method == "POST" else None)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as reply:
+                return reply.status, json.loads(reply.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    for method, path in (("POST", "/v1/models"), ("POST", f"/v1/models/{MODEL}"), ("GET", "/v1/completions"),
+                         ("GET", "/v1/chat/completions/")):
+        status, body = status_of(method, path)
+        assert status == 405 and body["error"]["message"] == "Method Not Allowed", (method, path)
+    assert status_of("GET", "/v1/nothing")[0] == 404
+    assert status_of("GET", "/v1/health/ready") == (200, {}) == status_of("POST", "/health/ready/")
+    status, body = status_of("GET", f"/v1/models/{MODEL}/")
+    assert status == 200 and body["id"] == MODEL
+
 def test_text_accounts_for_every_counted_token(server):
     """A model that only ever emits the byte 0xE6 (a character's first byte, never completed): each byte is
     text (U+FFFD, as decoding gives), where it used to be held back and dropped while usage counted it."""

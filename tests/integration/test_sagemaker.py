@@ -85,6 +85,9 @@ def test_ping_answers_when_ready(sagemaker):
     status, headers, body = _request(sagemaker.sagemaker_port, "GET", "/ping")
     assert status == 200 and body == b""
     assert _request(sagemaker.sagemaker_port, "POST", "/ping", b"")[0] == 405
+    assert _request(sagemaker.sagemaker_port, "GET", "/invocations")[0] == 405
+    status, _, body = _request(sagemaker.sagemaker_port, "GET", "/pings")
+    assert status == 400 and b"unknown SageMaker route: GET /pings" in body
 
 
 def test_invocations_runs_the_default_model_named_by_the_environment(sagemaker):

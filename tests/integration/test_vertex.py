@@ -71,6 +71,8 @@ def test_health_route_answers_when_ready(vertex):
     status, _, body = _request(vertex.vertex_ai_port, "GET", HEALTH)
     assert status == 200 and body == b""
     assert _request(vertex.vertex_ai_port, "POST", HEALTH, b"")[0] == 405
+    status, _, body = _request(vertex.vertex_ai_port, "GET", HEALTH + "/x")
+    assert status == 400 and f"unknown Vertex AI route: GET {HEALTH}/x".encode() in body
 
 
 def test_predict_runs_the_only_model_of_the_storage_uri(vertex):

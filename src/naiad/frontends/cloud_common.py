@@ -1,5 +1,5 @@
 """What the SageMaker and Vertex AI frontends share: the v2 infer call under a platform's binary MIME
-type (same codec as the HTTP frontend), health answers, small replies, and the listener."""
+type (same codec as the HTTP frontend), health answers and small replies."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, read_body
-from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
 from naiad.frontends.http.errors import (
     ClientDisconnected,
     HttpError,
@@ -25,7 +24,6 @@ from naiad.frontends.http.responses import (
     send_reply,
 )
 from naiad.frontends.security import HeaderForwarder
-from naiad.frontends.uvicorn_embed import UvicornRunner
 from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.request_json import load_request_json
 
@@ -33,8 +31,6 @@ if TYPE_CHECKING:
     from naiad.core.server import Server
 
 logger = logging.getLogger("naiad.cloud")
-
-KEEP_ALIVE_SECS = 75
 
 
 def content_type(scope: dict[str, Any]) -> str | None:
@@ -119,26 +115,3 @@ async def read_json_object(scope: dict[str, Any], receive: Receive, server: Serv
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
     return doc
 
-
-class CloudListener:
-    """A cloud frontend's listener: the HTTP frontend's connection protocol on uvicorn's server, no TLS
-    (the platform terminates TLS in front of the container)."""
-
-    def __init__(self, app: Any, server: Server, host: str, port: int, name: str) -> None:
-        protocol = HttpConnection.configured(
-            max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
-            header_timeout=float(server.config.http_header_timeout_secs),
-            body_timeout=float(server.config.http_body_timeout_secs),
-        )
-        self._runner = UvicornRunner(
-            app, host, port, name,
-            http=protocol, ws="none", interface="asgi3", proxy_headers=False,
-            timeout_keep_alive=KEEP_ALIVE_SECS,
-            timeout_graceful_shutdown=max(1, int(server.config.exit_timeout_secs)),
-        )
-
-    async def start(self) -> int:
-        return await self._runner.start()
-
-    async def stop(self) -> None:
-        await self._runner.stop()

@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from naiad.core.server import Server
-from naiad.frontends.uvicorn_embed import UvicornRunner
+from naiad.frontends.http.listener import HttpListener
 from naiad.observability.exposition import CONTENT_TYPE
 
 
@@ -33,10 +33,10 @@ class MetricsFrontend:
             routes=[Route("/metrics", metrics, methods=["GET"])],
             exception_handlers={404: not_found, 405: not_allowed},
         )
-        self._runner = UvicornRunner(app, host, port, "naiad-metrics", http="h11")
+        self._listener = HttpListener.for_server(app, server.config, host, port, "naiad-metrics")
 
     async def start(self) -> int:
-        return await self._runner.start()
+        return await self._listener.start()
 
     async def stop(self) -> None:
-        await self._runner.stop()
+        await self._listener.stop()

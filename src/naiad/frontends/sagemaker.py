@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,6 @@ from google.protobuf import json_format
 from naiad.config.model_config import ConfigError, parse_config_text
 from naiad.frontends.cloud_common import (
     CloudInfer,
-    CloudListener,
     error,
     health_reply,
     read_json_object,
@@ -42,6 +42,7 @@ from naiad.frontends.http.errors import (
 )
 from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.guard import HttpGuard, header_value
+from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.http.responses import Reply, Send, empty_reply, json_reply
 from naiad.frontends.security import check_model_name, header_forwarder
 from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg
@@ -51,6 +52,7 @@ if TYPE_CHECKING:
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 TARGET_MODEL_HEADER = "x-amzn-sagemaker-target-model"
+Route = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 _MODELS_PATH = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
 KEEP_FILE = ".naiad-keep"
 _FORBIDDEN_ROOTS = ("/dev/", "/proc/", "/sys/")
@@ -152,18 +154,17 @@ class SageMakerApp:
         self.infer.forward_headers = self.generate.forward_headers = header_forwarder(config.http_header_forward_pattern)
         self.archives: dict[str, LoadedArchive] = {}
         self._archive_lock = asyncio.Lock()
+        # The route table: exact paths, then /models[/<name>[/invoke]] (_MODELS_PATH); anything else is a 400.
+        self.routes: dict[str, Route] = {"/ping": self._ping, "/invocations": self._invocations}
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         try:
-            if path == "/ping":
-                await self._ping(scope, receive, send, method)
-                return
-            if path == "/invocations":
-                if not await self.guard.refuse(scope, send, "inference"):
-                    await self._invocations(scope, receive, send)
+            route = self.routes.get(path)
+            if route is not None:
+                await route(scope, receive, send)
                 return
             match = _MODELS_PATH.fullmatch(path)
             if match is not None:
@@ -178,10 +179,10 @@ class SageMakerApp:
                 status = 507
             await error(send, status, message, scope)
 
-    async def _ping(self, scope: dict[str, Any], receive: Receive, send: Send, method: str) -> None:
+    async def _ping(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if await self.guard.refuse(scope, send, "health"):
             return
-        if method != "GET":
+        if scope["method"] != "GET":
             await error(send, 405, "Method Not Allowed", scope)
             return
         await reply(send, health_reply(self.server, self.server.config.sagemaker_ping_mode), scope)
@@ -200,6 +201,8 @@ class SageMakerApp:
         return names[0]
 
     async def _invocations(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if await self.guard.refuse(scope, send, "inference"):
+            return
         if scope["method"] != "POST":
             await error(send, 405, "Method Not Allowed", scope)
             return
@@ -315,7 +318,7 @@ class SageMakerFrontend:
 
     def __init__(self, server: Server, host: str, port: int) -> None:
         self.app = SageMakerApp(server)
-        self._listener = CloudListener(self.app, server, host, port, "naiad-sagemaker")
+        self._listener = HttpListener.for_server(self.app, server.config, host, port, "naiad-sagemaker")
 
     async def start(self) -> int:
         return await self._listener.start()

@@ -15,12 +15,12 @@ AIP_PREDICT_ROUTE, on AIP_HTTP_PORT (--vertex-ai-port).
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from naiad.frontends.cloud_common import (
     CloudInfer,
-    CloudListener,
     error,
     health_reply,
     reply,
@@ -28,6 +28,7 @@ from naiad.frontends.cloud_common import (
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.body import Receive
 from naiad.frontends.http.guard import header_value
+from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.http.responses import Reply, Send
 from naiad.observability.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
@@ -82,36 +83,43 @@ class VertexApp:
         config = server.config
         self.server = server
         self.default_model = default_model
-        self.health_route = config.vertex_ai_health_route
-        self.predict_route = config.vertex_ai_predict_route
         self.v2 = HttpApp(server)  # serves redirected requests, restrictions and model-name checks included
         self.infer = CloudInfer(server, BINARY_MIME)
         self.infer.forward_headers = self.v2.infer.forward_headers
+        # The route table: the two routes Vertex AI names (AIP_HEALTH_ROUTE wins if both are the same);
+        # anything else is a 400.
+        self.routes: dict[str, Callable[[dict[str, Any], Receive, Send], Awaitable[None]]] = {
+            config.vertex_ai_predict_route: self._predict,
+            config.vertex_ai_health_route: self._health,
+        }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
-        path, method = scope["path"], scope["method"]
-        if path == self.health_route:
-            if await self.v2.guard.refuse(scope, send, "health"):
-                return
-            if method != "GET":
-                await error(send, 405, "Method Not Allowed", scope)
-                return
-            await reply(send, health_reply(self.server, "ready"), scope)
+        route = self.routes.get(scope["path"])
+        if route is None:
+            await error(send, 400, f"unknown Vertex AI route: {scope['method']} {scope['path']}", scope)
             return
-        if path == self.predict_route:
-            if method != "POST":
-                await error(send, 405, "Method Not Allowed", scope)
-                return
-            target = header_value(scope, REDIRECT_HEADER)
-            if target is None:
-                if not await self.v2.guard.refuse(scope, send, "inference"):
-                    await self.infer.handle(scope, receive, send, self.default_model, "")
-                return
-            await self._redirect(scope, receive, send, target.strip().lstrip("/"))
+        await route(scope, receive, send)
+
+    async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if await self.v2.guard.refuse(scope, send, "health"):
             return
-        await error(send, 400, f"unknown Vertex AI route: {method} {path}", scope)
+        if scope["method"] != "GET":
+            await error(send, 405, "Method Not Allowed", scope)
+            return
+        await reply(send, health_reply(self.server, "ready"), scope)
+
+    async def _predict(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["method"] != "POST":
+            await error(send, 405, "Method Not Allowed", scope)
+            return
+        target = header_value(scope, REDIRECT_HEADER)
+        if target is None:
+            if not await self.v2.guard.refuse(scope, send, "inference"):
+                await self.infer.handle(scope, receive, send, self.default_model, "")
+            return
+        await self._redirect(scope, receive, send, target.strip().lstrip("/"))
 
     async def _redirect(self, scope: dict[str, Any], receive: Receive, send: Send, target: str) -> None:
         if target == "metrics":
@@ -134,13 +142,13 @@ class VertexFrontend:
         self._server = server
         self._host = host
         self._port = port
-        self._listener: CloudListener | None = None
+        self._listener: HttpListener | None = None
 
     async def start(self) -> int:
         """Resolve the default model (models are loaded by now), then bind."""
         config = self._server.config
         app = VertexApp(self._server, resolve_default_model(self._server, config.vertex_ai_default_model))
-        self._listener = CloudListener(app, self._server, self._host, self._port, "naiad-vertex-ai")
+        self._listener = HttpListener.for_server(app, config, self._host, self._port, "naiad-vertex-ai")
         return await self._listener.start()
 
     async def stop(self) -> None:

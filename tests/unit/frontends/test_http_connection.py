@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
-from naiad.frontends.uvicorn_embed import UvicornRunner
+from naiad.frontends.http.listener import HttpListener
 from tests.support.waiting import wait_until
 
 
@@ -77,7 +77,7 @@ async def app(scope, receive, send) -> None:
 def port() -> Iterator[int]:
     loop = asyncio.new_event_loop()
     protocol = HttpConnection.configured(max_header_bytes=8192, header_timeout=1.0, body_timeout=1.0)
-    runner = UvicornRunner(app, "127.0.0.1", 0, "test-http", http=protocol, ws="none", interface="asgi3",
+    runner = HttpListener(app, "127.0.0.1", 0, "test-http", http=protocol, ws="none", interface="asgi3",
                            timeout_keep_alive=2)
     started = threading.Event()
     bound: list[int] = []

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http import HttpFrontend
+from naiad.frontends.http.routes import build_router
 from naiad.protocol.errors import (
     DecoupledModelError,
     ErrorCode,
@@ -285,6 +286,16 @@ def test_unknown_path_and_wrong_method(port):
     status, _, body = call(port, "GET", "/v2/repository/index")
     assert status == 405
 
+
+def test_fast_entries_answer_a_wrong_method_like_the_router(port, fake):
+    for path in ("/v2/models/identity/versions/2/infer", "/v2/models/identity/generate",
+                 "/v2/models/identity/versions/1/generate_stream"):
+        status, headers, body = call(port, "GET", path)
+        assert (status, json.loads(body), headers["allow"]) == (405, {"error": "Method Not Allowed"}, "POST"), path
+    # infer and generate are entries of the table's fast part only: the Router does not hold them again
+    assert not [r.path for r in build_router(fake).routes if r.path.endswith(("/infer", "/generate"))]
+    status, _, _ = call(port, "GET", "/v2/health/live")
+    assert status == 200
 
 def test_statistics(client):
     assert client.get_inference_statistics()["model_stats"][0]["name"] == "all"

@@ -25,6 +25,7 @@ from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
 from naiad.frontends.grpc.h2_stream import Stream
+from naiad.frontends.sockets import BACKLOG, bind_socket
 
 logger = logging.getLogger(__name__)
 
@@ -181,9 +182,13 @@ class H2GrpcServer:
         """Listen; returns the bound port (0 picks a free one)."""
         if host.startswith("[") and host.endswith("]"):
             host = host[1:-1]
-        self._listener = await self.loop.create_server(
-            lambda: H2Connection(self), host or None, port, ssl=ssl_context, reuse_address=True, backlog=1024,
-        )
+        sock = bind_socket(host, port)
+        try:
+            self._listener = await self.loop.create_server(lambda: H2Connection(self), sock=sock, ssl=ssl_context,
+                                                           backlog=BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
         return self._listener.sockets[0].getsockname()[1]
 
     async def stop(self, grace: float) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from starlette.routing import Route
@@ -94,14 +94,19 @@ class Endpoint:
         await send_reply(send, reply, close)
 
 
+async def method_not_allowed(scope: dict[str, Any], send: Send, methods: Iterable[str]) -> None:
+    """JSON 405 like Triton's, with the Allow header; closes when the unread body may follow."""
+    allow = ", ".join(sorted(methods)).encode()
+    close = RequestHeaders.from_scope(scope).may_have_body()
+    await send_error(send, 405, "Method Not Allowed", close=close, headers=[(b"allow", allow)])
+
+
 class JsonRoute(Route):
     """A Starlette route whose wrong-method answer is JSON 405 like Triton's."""
 
     async def handle(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if self.methods and scope["method"] not in self.methods:
-            allow = ", ".join(sorted(self.methods)).encode()
-            close = RequestHeaders.from_scope(scope).may_have_body()
-            await send_error(send, 405, "Method Not Allowed", close=close, headers=[(b"allow", allow)])
+            await method_not_allowed(scope, send, self.methods)
             return
         await self.app(scope, receive, send)
 

@@ -63,11 +63,6 @@ class InferHandler:
         self.server = server
         self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
 
-    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """Starlette-routed entry: model/version come from the path parameters."""
-        params = scope.get("path_params", {})
-        await self.handle(scope, receive, send, params.get("model", ""), params.get("version", "") or "")
-
     async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
         headers = RequestHeaders.from_scope(scope)
         server = self.server

@@ -1,18 +1,31 @@
-"""The route table: every v2 / Triton-extension path this frontend answers, as a Starlette Router."""
+"""The route table: every path the HTTP/REST port answers, tried in this order by HttpApp.
+
+1. fast entries: POST infer and generate, the paths every inference takes. Each is a substring
+   test and one regex, so an inference does not try the Router's patterns one by one; a wrong method
+   on their paths is a JSON 405 here.
+2. mounts: whole sub-APIs by path prefix (/v1/ -> the OpenAI-compatible app).
+3. the Router: every other v2 / Triton-extension path (wrong method -> JSON 405, unknown -> JSON 404).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import re
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from starlette.convertors import Convertor, register_url_convertor
 from starlette.routing import Router
 
+from naiad.frontends.http.body import Receive
 from naiad.frontends.http.endpoint import Endpoint, Handler, JsonRoute, not_found
+from naiad.frontends.http.generate import GenerateHandler
 from naiad.frontends.http.handlers_model import ModelHandlers
 from naiad.frontends.http.handlers_repository import RepositoryHandlers
 from naiad.frontends.http.handlers_settings import SettingsHandlers
 from naiad.frontends.http.handlers_shm import SharedMemoryHandlers
 from naiad.frontends.http.infer_handler import InferHandler
+from naiad.frontends.http.responses import Send
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -36,8 +49,45 @@ _MODEL = "/v2/models/{model}"
 _MODEL_VERSION = "/v2/models/{model}/versions/{version:naiad_version}"
 
 
-def build_router(server: Server, infer: InferHandler) -> Router:
-    """All routes; wrong method on a known path -> JSON 405, unknown path -> JSON 404."""
+AsgiApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class FastRoute:
+    """POST on `pattern` awaits `call(scope, receive, send, match)` (a plain function returning the
+    handler's coroutine: no extra frame per request); `marker` is a substring every matching path
+    holds, checked before the regex."""
+
+    marker: str
+    pattern: re.Pattern[str]
+    call: Callable[[dict[str, Any], Receive, Send, re.Match[str]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    fast: tuple[FastRoute, ...]
+    mounts: tuple[tuple[str, AsgiApp], ...]
+    router: Router
+
+
+_VERSIONED = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+
+
+def build_routes(server: Server, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
+    """The HTTP/REST port's whole table (see the module docstring for the order)."""
+    fast = (
+        FastRoute("/infer", re.compile(_VERSIONED + "/infer"),
+                  lambda scope, receive, send, match: infer.handle(
+                      scope, receive, send, match.group(1), match.group(2) or "")),
+        FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"),
+                  lambda scope, receive, send, match: generate.handle(
+                      scope, receive, send, match.group(1), match.group(2) or "", bool(match.group(3)))),
+    )
+    return RouteTable(fast, (("/v1/", openai),), build_router(server))
+
+
+def build_router(server: Server) -> Router:
+    """The Router's routes; wrong method on a known path -> JSON 405, unknown path -> JSON 404."""
     models = ModelHandlers(server)
     repository = RepositoryHandlers(server)
     shm = SharedMemoryHandlers(server)
@@ -67,9 +117,6 @@ def build_router(server: Server, infer: InferHandler) -> Router:
     add_model("/ready", "GET", models.model_ready)
     add_model("/config", "GET", models.model_config)
     add_model("/stats", "GET", models.model_stats)
-    for base in (_MODEL, _MODEL_VERSION):  # same handler as the app's fast path; routed here for 405s
-        routes.append(JsonRoute(base + "/infer", infer, methods=["POST"]))
-
     add("/v2/logging", ["GET", "POST"], settings.logging)
     add("/v2/trace/setting", ["GET", "POST"], settings.trace)
     add(_MODEL + "/trace/setting", ["GET", "POST"], settings.trace)

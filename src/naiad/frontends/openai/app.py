@@ -7,7 +7,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 OWNER = "Naiad"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
 TOKEN_IDS = "prompt_token_ids"  # optional input of models that take a prompt as token ids
+Route = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 _RETURN_FLAGS = ("return_finish_reason", "return_num_input_tokens", "return_num_output_tokens")
 
 
@@ -80,6 +81,15 @@ class OpenAIApp:
     def __init__(self, server: Server) -> None:
         self.server = server
         self.created = int(time.time())
+        # path (trailing slash ignored) -> (the one method allowed, or None for any; handler);
+        # /v1/models/<name> is the one parameterised path, matched by prefix after these.
+        self.routes: dict[str, tuple[str | None, Route]] = {
+            "/v1/models": ("GET", self._models),
+            "/v1/completions": ("POST", self._completions),
+            "/v1/chat/completions": ("POST", self._chat_completions),
+            "/health/ready": (None, self._health),
+            "/v1/health/ready": (None, self._health),
+        }
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,27 +104,34 @@ class OpenAIApp:
             await _send_json(send, exc.status, _error_body(exc.status, exc.message))
 
     async def _dispatch(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        path, method = scope["path"].rstrip("/"), scope["method"]
-        if path == "/v1/models":
-            self._only(method, "GET")
-            await _send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card(m) for m in self._llm_models()]}))
-        elif path.startswith("/v1/models/"):
-            self._only(method, "GET")
-            name = path[len("/v1/models/"):]
-            if name not in self._llm_models():
-                raise _unknown_model(name)
-            await _send_json(send, 200, orjson.dumps(self._model_card(name)))
-        elif path == "/v1/completions":
-            self._only(method, "POST")
-            await self._generate(scope, receive, send, chat=False)
-        elif path == "/v1/chat/completions":
-            self._only(method, "POST")
-            await self._generate(scope, receive, send, chat=True)
-        elif path in ("/health/ready", "/v1/health/ready"):
-            ready = self.server.is_ready()
-            await _send_json(send, 200 if ready else 503, b"{}")
-        else:
+        path = scope["path"].rstrip("/")
+        route = self.routes.get(path)
+        if route is None and path.startswith("/v1/models/"):
+            route = ("GET", self._model)
+        if route is None:
             raise ApiError(404, "Not Found")
+        method, handler = route
+        if method is not None:
+            self._only(scope["method"], method)
+        await handler(scope, receive, send)
+
+    async def _models(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await _send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card(m) for m in self._llm_models()]}))
+
+    async def _model(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        name = scope["path"].rstrip("/")[len("/v1/models/"):]
+        if name not in self._llm_models():
+            raise _unknown_model(name)
+        await _send_json(send, 200, orjson.dumps(self._model_card(name)))
+
+    async def _completions(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=False)
+
+    async def _chat_completions(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await self._generate(scope, receive, send, chat=True)
+
+    async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        await _send_json(send, 200 if self.server.is_ready() else 503, b"{}")
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
