@@ -7,9 +7,11 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
+from naiad.tools.llm import client as client_module
 from naiad.tools.llm.options import LlmOptions
 from naiad.tools.llm.profile import run_profile
 from tests.support.onnx_models import identity_model
@@ -100,6 +102,28 @@ def test_streaming_metrics_against_each_endpoint(fake_llm, endpoint, tmp_path):
     assert ["Request Throughput (per sec)"] == [r[0] for r in rows if r and r[0].startswith("Request Throughput")]
     raw = json.loads((tmp_path / "profile_export.json").read_text())["requests"]
     assert len(raw) == 8 and all(len(r["response_timestamps"]) == 5 for r in raw)
+
+
+def test_event_timestamps_do_not_wait_for_the_clients_own_decoding(fake_llm, tmp_path, monkeypatch):
+    """Events are timed when their bytes arrive, whatever the client spends decoding them: here 10 ms per
+    event, at concurrency 4, against tokens 5 ms apart. Decoding while the streams run timed each event
+    after the decoding of every event queued before it (inter-token latency ~40 ms, first tokens late)."""
+    real_parse = client_module.parse_event
+
+    def slow_parse(data: str):
+        time.sleep(0.01)
+        return real_parse(data)
+
+    monkeypatch.setattr(client_module, "parse_event", slow_parse)
+    options = LlmOptions(model="llm", endpoint_type="generate", url=fake_llm, streaming=True, concurrency=4,
+                         request_count=8, input_tokens_mean=30, output_tokens_mean=6, artifact_dir=str(tmp_path))
+    metrics = run_profile(options, out=open(tmp_path / "log.txt", "w"))
+    assert metrics.request_count == 8 and metrics.error_count == 0
+    assert metrics.per_request["output_sequence_length"]["avg"] == 6
+    # generous bounds for a busy machine, yet well below what decoding in the loop gave
+    assert TOKEN_GAP_S * 1000 * 0.8 <= metrics.per_request["inter_token_latency"]["avg"] <= 15
+    ttft = metrics.per_request["time_to_first_token"]
+    assert FIRST_TOKEN_S * 1000 * 0.9 <= ttft["min"] and ttft["avg"] <= FIRST_TOKEN_S * 1000 + 15
 
 
 def test_cli_perf_llm_against_naiad_generate(tmp_path):

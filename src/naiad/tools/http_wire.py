@@ -126,6 +126,7 @@ class HttpConnection(asyncio.Protocol):
         self.parser: ResponseParser | None = None
         self.waiter: asyncio.Future[ResponseParser] | None = None
         self.first_byte_ns = 0
+        self.received_ns = 0  # perf_counter_ns when the bytes being parsed arrived
         self.closed = False
 
     @classmethod
@@ -148,6 +149,7 @@ class HttpConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.parser is None or self.waiter is None:
             return
+        self.received_ns = time.perf_counter_ns()
         if not self.first_byte_ns:
             self.first_byte_ns = time.monotonic_ns()
         try:

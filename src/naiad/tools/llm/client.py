@@ -1,4 +1,11 @@
-"""Sends LLM requests (closed loop at a concurrency, or at a request rate) and timestamps every streamed event."""
+"""Sends LLM requests (closed loop at a concurrency, or at a request rate) and timestamps every streamed event.
+
+While the load runs, the client only sends, frames the HTTP response and keeps each body chunk with the
+time its bytes arrived; Server-Sent Events and JSON are decoded after the run (`decode_records`), as
+GenAI-Perf parses what perf_analyzer recorded. Decoding on the fly made every event wait for the decoding
+of the events queued before it (on all streams), and took CPU from a server sharing the machine, which
+inflated time to first token and inter-token latency at concurrency > 1.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +29,8 @@ class RequestRecord:
     event_ns: list[int] = field(default_factory=list)  # arrival of each event that carried text
     texts: list[str] = field(default_factory=list)
     error: str = ""
+    status: int = 0
+    chunks: list[tuple[int, bytes]] = field(default_factory=list, repr=False)  # (arrival ns, body bytes) until decoded
 
     @property
     def text(self) -> str:
@@ -53,66 +62,76 @@ class LlmClient:
         return index
 
     async def send(self, index: int) -> RequestRecord:
-        record = RequestRecord(index, time.monotonic_ns())
+        record = RequestRecord(index, time.perf_counter_ns())
         while self.idle and self.idle[-1].closed:
             self.idle.pop()
         try:
             conn = self.idle.pop() if self.idle else await HttpConnection.open(self.host, self.port)
         except OSError as exc:
-            record.end_ns = time.monotonic_ns()
+            record.end_ns = time.perf_counter_ns()
             record.error = f"cannot connect to {self.host}:{self.port}: {exc.strerror or exc}"
             return record
-        decoder = SseDecoder()
-        endpoint = self.endpoint
-        problems: list[str] = []
+        chunks = record.chunks
 
         def on_body(chunk: bytes) -> None:
-            if not endpoint.streaming or (conn.parser is not None and conn.parser.status != 200):
-                body.extend(chunk)
-                return
-            now = time.monotonic_ns()
-            for data in decoder.feed(chunk):
-                try:
-                    doc = parse_event(data)
-                except EventError as exc:
-                    problems.append(str(exc))
-                    continue
-                text = endpoint.text_of(doc) if doc is not None else ""
-                if text:
-                    record.event_ns.append(now)
-                    record.texts.append(text)
+            chunks.append((conn.received_ns, chunk))  # decoded after the run: nothing else to do here
 
-        body = bytearray()
         try:
             parser = await asyncio.wait_for(conn.start(self.payloads[index], on_body), self.timeout_s)
         except (TimeoutError, OSError) as exc:
             conn.close()
-            record.end_ns = time.monotonic_ns()
+            record.end_ns = time.perf_counter_ns()
             record.error = f"{type(exc).__name__}: {exc}"
             return record
-        record.end_ns = time.monotonic_ns()
+        record.end_ns = conn.received_ns
+        record.status = parser.status
         if conn.closed or parser.headers.get("connection", "").lower() == "close":
             conn.close()
         else:
             self.idle.append(conn)
-        if parser.status != 200:
-            record.error = f"HTTP {parser.status}: {bytes(body[:300]).decode(errors='replace')}"
-        elif problems:
-            record.error = problems[0]
-        elif not endpoint.streaming:
-            try:
-                text = endpoint.text_of(json.loads(bytes(body)))
-            except ValueError:
-                text, record.error = "", "response is not JSON"
-            if text:
-                record.event_ns.append(record.end_ns)
-                record.texts.append(text)
         return record
 
     def close(self) -> None:
         for conn in self.idle:
             conn.close()
         self.idle.clear()
+
+
+def decode_records(records: list[RequestRecord], endpoint: EndpointSpec) -> None:
+    """Turn each record's timestamped body chunks into its text events (or its error); after the run."""
+    for record in records:
+        chunks, record.chunks = record.chunks, []
+        if record.error:
+            continue
+        if record.status != 200:
+            body = b"".join(chunk for _, chunk in chunks)
+            record.error = f"HTTP {record.status}: {body[:300].decode(errors='replace')}"
+        elif endpoint.streaming:
+            _decode_stream(record, chunks, endpoint)
+        else:
+            try:
+                text = endpoint.text_of(json.loads(b"".join(chunk for _, chunk in chunks)))
+            except ValueError:
+                text, record.error = "", "response is not JSON"
+            if text:
+                record.event_ns.append(record.end_ns)
+                record.texts.append(text)
+
+
+def _decode_stream(record: RequestRecord, chunks: list[tuple[int, bytes]], endpoint: EndpointSpec) -> None:
+    """An event is timed by the arrival of the chunk that completed it."""
+    decoder = SseDecoder()
+    for arrived_ns, chunk in chunks:
+        for data in decoder.feed(chunk):
+            try:
+                doc = parse_event(data)
+            except EventError as exc:
+                record.error = record.error or str(exc)
+                continue
+            text = endpoint.text_of(doc) if doc is not None else ""
+            if text:
+                record.event_ns.append(arrived_ns)
+                record.texts.append(text)
 
 
 async def run_load(client: LlmClient, concurrency: int, request_rate: float, request_count: int,
