@@ -7,10 +7,10 @@ median over the rounds and naiad / genai-perf; the bar is within 15%.
 
 GenAI-Perf drives perf_analyzer, so both must be installed; for instance, in a venv of their own:
 
-    python -m venv /tmp/gp && /tmp/gp/bin/pip install genai-perf==0.0.16
+    python -m venv gp-venv && gp-venv/bin/pip install genai-perf==0.0.16
     naiad serve --model-repository llm_repo &          # a decoupled LLM model, e.g. transformers
     PATH=<dir of perf_analyzer>:$PATH python benchmarks/genai_perf_parity.py \\
-        --genai-perf /tmp/gp/bin/genai-perf --model tiny_llm --tokenizer hf_dir --rounds 6 \\
+        --genai-perf gp-venv/bin/genai-perf --model tiny_llm --tokenizer hf_dir --rounds 6 \\
         --metrics-url http://127.0.0.1:8002/metrics
 
 GenAI-Perf 0.0.16's `--endpoint-type generate` posts to `/generate` even with `--streaming`,
