@@ -13,30 +13,13 @@ import pytest
 import tritonclient.http as httpclient
 
 from tests.support.onnx_models import identity_model
+from tests.support.python_models import write_params_model
 from tests.support.servers import RunningServer, start_server
 
 INTEGERS = ["INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"]
 FLOATS = ["FP32", "FP64"]
 
 
-PARAMS_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
-
-# Answers the request's parameters (a JSON object) so a test sees what reached the model.
-PARAMS_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("PARAMS", np.array([r.parameters().encode()], dtype=np.object_))])
-                for r in requests]
-"""
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +27,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = tmp_path_factory.mktemp("json_ranges") / "models"
     for datatype in [*INTEGERS, *FLOATS, "BOOL"]:
         identity_model(repo, f"id_{datatype.lower()}", datatype, [-1])
-    (repo / "params" / "1").mkdir(parents=True)
-    (repo / "params" / "config.pbtxt").write_text(PARAMS_CONFIG)
-    (repo / "params" / "1" / "model.py").write_text(PARAMS_PY)
+    write_params_model(repo)
     with start_server(repo) as running:
         yield running
 

@@ -20,30 +20,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model
+from tests.support.python_models import write_params_model
 from tests.support.servers import start_server
-
-PARAMS_CONFIG = """
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
-"""
-
-# Answers the request's parameters (a JSON object) so the test sees what reached the model.
-PARAMS_PY = """
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            text = request.parameters().encode()
-            tensor = pb_utils.Tensor("PARAMS", np.array([text], dtype=np.object_))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
-        return responses
-"""
 
 ADD_SUB_CONFIG_JSON = json.dumps({
     "backend": "onnxruntime", "max_batch_size": 8,
@@ -57,10 +35,7 @@ def explicit(tmp_path_factory):
     root = tmp_path_factory.mktemp("traversal")
     repo = root / "repo"
     add_sub_model(repo, "add_sub")
-    params_dir = repo / "params"
-    (params_dir / "1").mkdir(parents=True)
-    (params_dir / "config.pbtxt").write_text(PARAMS_CONFIG)
-    (params_dir / "1" / "model.py").write_text(PARAMS_PY)
+    write_params_model(repo)
     with start_server(
         repo, "--model-control-mode=explicit", "--load-model=*",
         "--http-header-forward-pattern=X-FWD-|^triton_|^priority$",
@@ -234,9 +209,7 @@ def test_grpc_stream_metadata_is_forwarded_to_every_request(explicit):
 
 
 def test_without_a_pattern_nothing_is_forwarded(tmp_path):
-    (tmp_path / "params" / "1").mkdir(parents=True)
-    (tmp_path / "params" / "config.pbtxt").write_text(PARAMS_CONFIG)
-    (tmp_path / "params" / "1" / "model.py").write_text(PARAMS_PY)
+    write_params_model(tmp_path)
     with start_server(tmp_path) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         result = client.infer("params", _params_input(httpclient), headers={"x-fwd-tenant": "acme"})

@@ -39,3 +39,34 @@ def write_counter_model(repo: Path, name: str = "counter", config: str = COUNTER
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
     (repo / name / "config.pbtxt").write_text(config)
     (repo / name / "1" / "model.py").write_text(COUNTER_PY)
+
+
+PARAMS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# Answers the request's parameters (a JSON object) so a test sees what reached the model.
+PARAMS_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = request.parameters().encode()
+            tensor = pb_utils.Tensor("PARAMS", np.array([text], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[tensor]))
+        return responses
+"""
+
+
+def write_params_model(repo: Path, name: str = "params") -> None:
+    """A Python model whose output PARAMS is the request's parameters as JSON text."""
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(PARAMS_CONFIG)
+    (repo / name / "1" / "model.py").write_text(PARAMS_PY)
