@@ -260,9 +260,10 @@ def starter(name: str, work: Path, repo: Path, core: str) -> Callable[[], Runnin
     return lambda: start_naiad(work, repo, core, [MODEL], impl, tag=name)
 
 
-def run_server(name: str, start: Callable[[], RunningServer], kinds: list[str], args: argparse.Namespace) -> dict:
-    """Every attack in turn against one server; a server that died is started again (and reported)."""
-    cells: dict[str, dict] = {}
+def run_server(name: str, start: Callable[[], RunningServer], kinds: list[str], args: argparse.Namespace,
+               cells: dict[str, dict], save: Callable[[], None]) -> None:
+    """Every attack in turn against one server into `cells`, saved after each; a server that died is started
+    again (and reported)."""
     log(f"starting {name}")
     server = start()
     clients = Clients(server)
@@ -273,6 +274,7 @@ def run_server(name: str, start: Callable[[], RunningServer], kinds: list[str], 
             cell = measure(server, clients, kind, args.secs, args.recovery)
             cell["verdict"] = verdict(cell, cells.get("idle"))
             cells[kind] = cell
+            save()
             log(f"{name}: {kind}: {cell['verdict']}")
             if not cell["alive"]:
                 clients.close()
@@ -283,7 +285,6 @@ def run_server(name: str, start: Callable[[], RunningServer], kinds: list[str], 
     finally:
         clients.close()
         server.stop()
-    return cells
 
 
 def _ms(value: float | None) -> str:
@@ -312,7 +313,7 @@ def main() -> int:
     parser.add_argument("--recovery", type=float, default=10.0, help="seconds watched after each attack (default 10)")
     parser.add_argument("--server-core", default="0")
     parser.add_argument("--client-core", default="1")
-    parser.add_argument("--output", type=Path, help="raw results as JSON (default results/<UTC date>-attacks.json)")
+    parser.add_argument("--output", type=Path, help="raw results as JSON (default results/<UTC date>-attacks.json; other servers in it are kept)")
     parser.add_argument("--report", type=Path, help="reprint the table of a results file and exit")
     args = parser.parse_args()
     if args.report:
@@ -321,19 +322,27 @@ def main() -> int:
     os.sched_setaffinity(0, {int(args.client_core)})  # this process, its client threads and the attacker
     started = datetime.datetime.now(datetime.UTC)
     output = args.output or HERE / "results" / f"{started.date().isoformat()}-attacks.json"
-    report: dict = {"machine": machine_line(), "started_utc": started.isoformat(timespec="seconds"),
-                    "args": {k: str(v) for k, v in vars(args).items()}, "servers": {}}
+    # Servers measured earlier into the same file (e.g. Triton in a run of its own) are kept.
+    report: dict = json.loads(output.read_text()) if output.exists() else {"runs": {}, "servers": {}}
+    run = {"machine": machine_line(), "started_utc": started.isoformat(timespec="seconds"),
+           "args": {k: str(v) for k, v in vars(args).items()}}
+
+    def save() -> None:  # after each attack: an interrupted run keeps what it measured
+        output.write_text(json.dumps(report, indent=1))
+
     with tempfile.TemporaryDirectory(prefix="naiad-attack-bench-") as tmp:
         work = Path(tmp)
         write_repo(work / "repo")
         for name in args.servers:
+            report["runs"][name] = run
+            report["servers"][name] = {}
             try:
-                report["servers"][name] = run_server(name, starter(name, work, work / "repo", args.server_core),
-                                                     ["idle", *args.attacks], args)
+                run_server(name, starter(name, work, work / "repo", args.server_core), ["idle", *args.attacks], args,
+                           report["servers"][name], save)
             except (RuntimeError, OSError) as exc:
                 log(f"{name} did not run: {exc}")
-                report.setdefault("skipped", {})[name] = str(exc)[-2000:]
-            output.write_text(json.dumps(report, indent=1))  # after each server: a partial run is kept
+                report["runs"][name]["skipped"] = str(exc)[-2000:]
+                save()
     print_table(report["servers"])
     log(f"wrote {output}")
     return 0
