@@ -185,20 +185,43 @@ def start_kserve(work: Path, core: str, venvs: Path, models: dict[str, Path]) ->
         lambda: http_ready(http_port, list(models)) and grpc_ready(grpc_port), "kserve", proc, log_path))
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants."""
-    pids, total = [pid], 0.0
+def process_tree(pid: int) -> list[int]:
+    """A process and all its descendants (those alive now)."""
+    pids, found = [pid], []
     while pids:
         current = pids.pop()
+        found.append(current)
         try:
             with open(f"/proc/{current}/task/{current}/children") as children:
                 pids.extend(int(c) for c in children.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    total = 0.0
+    for current in process_tree(pid):
+        try:
             with open(f"/proc/{current}/stat") as stat:
                 fields = stat.read().rsplit(")", 1)[1].split()
         except OSError:
             continue
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
+
+
+def tree_rss_mib(pid: int) -> float:
+    """Resident memory (VmRSS) of a process and all its descendants in MiB; shared pages count in each."""
+    total = 0
+    for current in process_tree(pid):
+        try:
+            with open(f"/proc/{current}/status") as status:
+                total += next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+        except OSError:
+            continue
+    return total / 1024
 
 
 def machine_line() -> str:
