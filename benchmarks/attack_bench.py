@@ -46,8 +46,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))  # tests.support.h2_attacks
 
-from python_backend_bench import ADD_SUB_PY
-from servers import (
+from python_backend_bench import ADD_SUB_PY  # noqa: E402  (benchmarks/ is not a package)
+from servers import (  # noqa: E402
     RunningServer,
     log,
     machine_line,
@@ -56,7 +56,7 @@ from servers import (
     tree_rss_mib,
 )
 
-from tests.support.h2_attacks import ATTACKS, attack_loop, infer_body, new_stats
+from tests.support.h2_attacks import ATTACKS, attack_loop, infer_body, new_stats  # noqa: E402
 
 MODEL = "add_sub"
 CONFIG = """backend: "python"
@@ -97,7 +97,7 @@ class NormalClient:
             self.inflight_since = started = time.monotonic()
             try:
                 ok = self.call()
-            except Exception:
+            except Exception:  # any error, refusal or timeout is a failed normal call
                 ok = False
             self.calls.append(Call(started, time.monotonic() - started, ok))
             self.inflight_since = None

@@ -12,8 +12,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import attack_bench
-from servers import RunningServer
+import attack_bench  # noqa: E402  (benchmarks/ is not a package)
+from servers import RunningServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
