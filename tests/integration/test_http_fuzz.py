@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 from collections.abc import Iterator
 
 import numpy as np
@@ -16,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.onnx_models import add_sub_model, identity_model
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, raw_exchange, start_server
 
 _JSON_INFER = json.dumps({"inputs": [
     {"name": "INPUT0", "datatype": "INT32", "shape": [1, 4], "data": [1, 2, 3, 4]},
@@ -93,26 +92,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-def _exchange(server: RunningServer, payload: bytes) -> bytes:
-    """Send the bytes, end our side (the server sees EOF), read until the server closes."""
-    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as conn:
-        try:
-            conn.sendall(payload)
-            conn.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass  # the server may close first (an early 4xx): what it sent is still readable
-        chunks = []
-        while True:
-            try:
-                chunk = conn.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _statuses(answer: bytes) -> list[int]:
     """Status codes of the responses in an answer (lines starting `HTTP/1.1 NNN ` at a line start)."""
     found = []
@@ -123,7 +102,7 @@ def _statuses(answer: bytes) -> list[int]:
 
 
 def _check(server: RunningServer, payload: bytes) -> None:
-    answer = _exchange(server, payload)
+    answer = raw_exchange(server.http_port, payload, end_write=True)
     statuses = _statuses(answer)
     # 501 is the answer to a transfer coding other than chunked; any other 5xx is a server fault
     assert all(status < 500 or status == 501 for status in statuses), (payload[:300], answer[:500])

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gzip
 import http.client
 import json
-import socket
 import threading
 from collections.abc import Iterator
 
@@ -15,7 +14,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model, identity_model
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, raw_exchange, start_server
 
 LIMIT = 1 << 16
 
@@ -38,30 +37,6 @@ def call(server: RunningServer, method: str, path: str, body: bytes | None = Non
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         conn.close()
-
-
-def raw_exchange(server: RunningServer, payload: bytes, chunks: list[bytes] | None = None) -> bytes:
-    """Send raw bytes (then optional extra chunks), read until the server closes."""
-    sock = socket.create_connection(("127.0.0.1", server.http_port), timeout=30)
-    try:
-        sock.sendall(payload)
-        try:
-            for chunk in chunks or []:
-                sock.sendall(chunk)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        data = []
-        while True:
-            try:
-                piece = sock.recv(65536)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not piece:
-                break
-            data.append(piece)
-        return b"".join(data)
-    finally:
-        sock.close()
 
 
 def error_of(body: bytes) -> str:
@@ -186,7 +161,7 @@ def test_unsupported_content_encoding(server):
 
 
 def test_body_over_limit_refused_before_reading(server):
-    data = raw_exchange(server, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
+    data = raw_exchange(server.http_port, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
                                 b"Content-Length: 4294967296\r\n\r\n")
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
@@ -212,7 +187,7 @@ def test_tritonclient_sees_the_size_limit_message(server):
 
 def test_chunked_body_over_limit(server):
     chunk = b"%x\r\n" % 8192 + b" " * 8192 + b"\r\n"
-    data = raw_exchange(server, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
+    data = raw_exchange(server.http_port, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\n"
                                 b"Transfer-Encoding: chunked\r\n\r\n", [chunk] * (LIMIT // 8192 + 8))
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400")
@@ -222,7 +197,7 @@ def test_chunked_body_over_limit(server):
 def test_chunked_body_within_limit_works(server):
     doc = json.dumps({"inputs": [INPUT]}).encode()
     chunks = [b"%x\r\n" % len(doc[i:i + 7]) + doc[i:i + 7] + b"\r\n" for i in range(0, len(doc), 7)] + [b"0\r\n\r\n"]
-    data = raw_exchange(server, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
+    data = raw_exchange(server.http_port, b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\nConnection: close\r\n"
                                 b"Transfer-Encoding: chunked\r\n\r\n", chunks)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200"), data
@@ -240,26 +215,26 @@ def test_decompressed_size_is_capped(server):
 
 
 def test_huge_header_refused(server):
-    data = raw_exchange(server, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Filler: ", [b"x" * 16384] * 32)
+    data = raw_exchange(server.http_port, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\nX-Filler: ", [b"x" * 16384] * 32)
     assert data.startswith(b"HTTP/1.1 431")
     assert b"request headers exceed the maximum" in data
     # ~110 KB of headers in the read that starts the request count against the 64 KiB limit too.
     filler = b"".join(b"X-Filler-%03d: %s\r\n" % (i, b"y" * 1000) for i in range(110))
-    data = raw_exchange(server, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n" + filler + b"\r\n")
+    data = raw_exchange(server.http_port, b"GET /v2/health/live HTTP/1.1\r\nHost: t\r\n" + filler + b"\r\n")
     assert data.startswith(b"HTTP/1.1 431") and b"exceed the maximum of 65536 bytes" in data
     good_infer(server)
 
 
 def test_invalid_chunk_size_is_400(server):
     head = b"POST /v2/models/identity_fp32/infer HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
-    data = raw_exchange(server, head, [b"2\r\n{\"\r\nxyz\r\n"])
+    data = raw_exchange(server.http_port, head, [b"2\r\n{\"\r\nxyz\r\n"])
     assert data.startswith(b"HTTP/1.1 400") and b"Invalid HTTP request received" in data
     assert data.count(b"HTTP/1.1 ") == 1
     good_infer(server)
 
 
 def test_garbage_is_400(server):
-    data = raw_exchange(server, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 garbage\r\n\r\n")
+    data = raw_exchange(server.http_port, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03 garbage\r\n\r\n")
     assert data.startswith(b"HTTP/1.1 400")
 
 
@@ -268,7 +243,7 @@ def test_other_routes_refuse_bad_bodies(server):
     assert status == 400 and "failed to parse the request JSON buffer" in error_of(resp)
     status, _, resp = call(server, "POST", "/v2/systemsharedmemory/region/r/register", b'{"key": 5, "byte_size": 4}')
     assert status == 400 and "Unable to parse 'key'" in error_of(resp)
-    data = raw_exchange(server, b"POST /v2/repository/index HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999\r\n\r\n")
+    data = raw_exchange(server.http_port, b"POST /v2/repository/index HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999\r\n\r\n")
     assert data.startswith(b"HTTP/1.1 400") and b"Use --http-max-input-size" in data
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import socket
 import subprocess
 import sys
 import threading
@@ -118,3 +119,28 @@ def post_json(url: str, doc: dict, timeout: float = 60.0) -> tuple[int, bytes]:
             return reply.status, reply.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def raw_exchange(port: int, payload: bytes, chunks: list[bytes] | None = None, *, end_write: bool = False,
+                 timeout: float = 30) -> bytes:
+    """Send raw bytes on a new loopback connection (then the extra chunks; with end_write, end our
+    side so the server sees EOF) and read until the server closes or `timeout` passes in silence."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
+        try:
+            conn.sendall(payload)
+            for chunk in chunks or []:
+                conn.sendall(chunk)
+            if end_write:
+                conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the server may close first (an early 4xx): what it sent is still readable
+        received = []
+        while True:
+            try:
+                piece = conn.recv(1 << 20)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not piece:
+                break
+            received.append(piece)
+    return b"".join(received)

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
 from naiad.frontends.http.listener import HttpListener
+from tests.support.servers import raw_exchange
 from tests.support.waiting import wait_until
 
 
@@ -98,19 +99,7 @@ def port() -> Iterator[int]:
 
 
 def _exchange(port: int, data: bytes, timeout: float = 10) -> bytes:
-    """Send raw bytes, read until the server closes the connection."""
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as conn:
-        conn.sendall(data)
-        chunks = []
-        while True:
-            try:
-                chunk = conn.recv(1 << 20)
-            except (ConnectionResetError, TimeoutError):
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-    return b"".join(chunks)
+    return raw_exchange(port, data, timeout=timeout)
 
 
 def test_a_body_far_above_the_read_high_water_mark_arrives_whole(port):
