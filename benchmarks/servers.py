@@ -199,15 +199,23 @@ def process_tree(pid: int) -> list[int]:
     return found
 
 
+def _proc_files(pid: int, name: str) -> list[str]:
+    """The text of /proc/<p>/<name> for a process and each of its descendants still alive."""
+    texts = []
+    for current in process_tree(pid):
+        try:
+            with open(f"/proc/{current}/{name}") as handle:
+                texts.append(handle.read())
+        except OSError:
+            continue
+    return texts
+
+
 def tree_cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by a process and all its descendants."""
     total = 0.0
-    for current in process_tree(pid):
-        try:
-            with open(f"/proc/{current}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
+    for stat in _proc_files(pid, "stat"):
+        fields = stat.rsplit(")", 1)[1].split()
         total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return total
 
@@ -215,12 +223,8 @@ def tree_cpu_seconds(pid: int) -> float:
 def tree_rss_mib(pid: int) -> float:
     """Resident memory (VmRSS) of a process and all its descendants in MiB; shared pages count in each."""
     total = 0
-    for current in process_tree(pid):
-        try:
-            with open(f"/proc/{current}/status") as status:
-                total += next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
-        except OSError:
-            continue
+    for status in _proc_files(pid, "status"):
+        total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:")), 0)
     return total / 1024
 
 
