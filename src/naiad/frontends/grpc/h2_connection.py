@@ -86,6 +86,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._settings_seen = False      # the client's first frame must be SETTINGS (RFC 9113 3.4)
         self._resets = lim.TokenBucket(lim.RESET_BURST, lim.RESET_RATE, self._started)
         self._cheap = lim.TokenBucket(lim.CHEAP_FRAME_BURST, lim.CHEAP_FRAME_RATE, self._started)
+        self._refusals = lim.TokenBucket(lim.REFUSED_MESSAGE_BURST, lim.REFUSED_MESSAGE_RATE, self._started)
+        self._penalty: asyncio.TimerHandle | None = None  # reading stopped: refused messages over the budget
         self._reset_order: collections.deque[int] = collections.deque()
         self._reset_sids: set[int] = set()
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
@@ -124,6 +126,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self.server.connections.discard(self)
         if self._watch_handle is not None:
             self._watch_handle.cancel()
+        if self._penalty is not None:
+            self._penalty.cancel()
         for stream in list(self.streams.values()):
             self._cancel(stream)
         self.streams.clear()
@@ -146,7 +150,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         """Read only while the client reads what we write and no frames wait for a later turn."""
         if self._closed or self.transport is None:
             return
-        pause = self._yielded or self._paused
+        pause = self._yielded or self._paused or self._penalty is not None
         if pause != self._reading_paused:
             self._reading_paused = pause
             if pause:
@@ -173,6 +177,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _process(self) -> None:
         """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them."""
         self._yielded = False
+        if self._penalty is not None:
+            return  # the buffer waits for _end_penalty
         buf = self._rbuf
         pos, end, frames = 0, len(buf), 0
         max_frame = w.DEFAULT_FRAME_SIZE
@@ -182,6 +188,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                 if length > max_frame:
                     raise ConnectionError_(w.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 if end - pos - 9 < length:
+                    break
+                if self._penalty is not None:
                     break
                 if frames >= lim.FRAMES_PER_TURN or pos >= lim.BYTES_PER_TURN:
                     self._yielded = True  # the other connections get their turn first
@@ -273,6 +281,17 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _spend_cheap(self) -> None:
         if not self._cheap.take(self._last_rx):
             raise ConnectionError_(w.ENHANCE_YOUR_CALM, "too many control frames")
+
+    def refused_message(self) -> None:
+        """A request message was refused after it was taken in; past the budget, reading stops for a while."""
+        if self._penalty is None and not self._closed and not self._refusals.take(self.loop.time()):
+            self._penalty = self.loop.call_later(self._refusals.wait(), self._end_penalty)
+            self._update_reading()
+
+    def _end_penalty(self) -> None:
+        self._penalty = None
+        if not self._closed:
+            self._process()
 
     def _spend_reset(self) -> None:
         if not self._resets.take(self._last_rx):
@@ -560,6 +579,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if length > limit:
                 self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"Received message larger than max ({length} vs. {limit})")
+                self.refused_message()
                 return
             if end - pos - 5 < length:
                 break
@@ -594,6 +614,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         if self.inflations >= lim.INFLATIONS_PER_CONNECTION:
             self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "Too many compressed messages being decompressed on this connection")
+            self.refused_message()
             return None
         self.inflations += 1
         try:
@@ -601,8 +622,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                                    self._inflate_gate)
         except w.MessageTooLarge as exc:
             self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+            self.refused_message()
         except (ValueError, zlib.error) as exc:
             self.finish(stream, grpc.StatusCode.INTERNAL, str(exc))
+            self.refused_message()
         finally:
             self.inflations -= 1
         return None

@@ -29,6 +29,13 @@ BYTES_PER_TURN = 1 << 20
 # the most (so a single message larger than this still arrives).
 HELD_BYTES_LIMIT = 32 << 20
 
+# Request messages refused after the server had to take them in: larger than --grpc-max-message-size,
+# inflating past --grpc-max-decompressed-size, corrupt, or over INFLATIONS_PER_CONNECTION. A client
+# never needs them; past the burst the connection stops being read until the budget refills, so a
+# stream of decompression bombs waits instead of taking the server's CPU (the calls fail anyway).
+REFUSED_MESSAGE_BURST = 16
+REFUSED_MESSAGE_RATE = 2.0  # per second
+
 # Compressed messages a connection may have waiting for or in inflation; past it the call fails
 # RESOURCE_EXHAUSTED at once. Large inflations run one per connection (and INFLATE_THREADS server-wide).
 INFLATIONS_PER_CONNECTION = 4
@@ -58,3 +65,7 @@ class TokenBucket:
             return False
         self._tokens = tokens - 1.0
         return True
+
+    def wait(self) -> float:
+        """Seconds from the last `take()` until a token is there again."""
+        return max(0.0, (1.0 - self._tokens) / self._rate)

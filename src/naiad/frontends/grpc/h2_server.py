@@ -9,7 +9,6 @@ the restricted-protocol, model-name and header-forwarding rules to every call.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import contextvars
 import logging
@@ -24,6 +23,7 @@ from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
+from naiad.frontends.grpc.h2_inflater import Inflater
 from naiad.frontends.grpc.h2_stream import Stream
 from naiad.frontends.sockets import BACKLOG, bind_socket
 
@@ -57,7 +57,7 @@ class H2GrpcServer:
         self.request_timeout = request_timeout
         self.max_message_size = max_message_size
         self.max_inflated = min(max_decompressed_size, max_message_size)
-        self.inflater = concurrent.futures.ThreadPoolExecutor(lim.INFLATE_THREADS, thread_name_prefix="grpc-inflate")
+        self.inflater = Inflater(lim.INFLATE_THREADS)
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
@@ -202,7 +202,7 @@ class H2GrpcServer:
             await asyncio.sleep(0.02)
         for conn in list(self.connections):
             conn.abort()
-        self.inflater.shutdown(wait=False, cancel_futures=True)
+        self.inflater.close()
         await asyncio.sleep(0)
 
 

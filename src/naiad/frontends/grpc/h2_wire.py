@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
-import mmap
 import struct
-import zlib
 from typing import Any
 from urllib.parse import unquote
 
 import hpack
+
+from naiad.frontends.grpc.h2_inflater import Inflater, Inflation, MessageTooLarge
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -288,76 +287,14 @@ class Compressed:
         return len(self.data)
 
 
-class MessageTooLarge(ValueError):
-    """A message (or what it inflates to) is larger than the server accepts: RESOURCE_EXHAUSTED."""
+INFLATE_ON_LOOP = 64 << 10  # output inflated on the event loop; a larger message goes to the Inflater
 
 
-INFLATE_CHUNK = 1 << 20
-INFLATE_ON_LOOP = 64 << 10  # output inflated on the event loop; the rest of a larger message in a thread
-
-
-class Inflation:
-    """Incremental decompression of one message that stops as soon as the output passes `limit`.
-
-    Small output grows in a bytearray; `spill()` moves it to an anonymous memory mapping before a
-    large inflation, so that its memory goes back to the system when it is freed (a bomb leaves
-    nothing behind in the allocator's arenas)."""
-
-    __slots__ = ("_z", "_tail", "_out", "_size", "_limit", "_done")
-
-    def __init__(self, encoding: str, data: bytes, limit: int) -> None:
-        self._z = zlib.decompressobj(31 if encoding == "gzip" else 15)
-        self._tail = data
-        self._out: bytearray | mmap.mmap | None = bytearray()
-        self._size = 0
-        self._limit = limit
-        self._done = False
-
-    def spill(self) -> None:
-        small = self._out
-        assert isinstance(small, bytearray), "spilled twice"
-        mapping = mmap.mmap(-1, self._limit + 1)
-        mapping[:self._size] = small
-        self._out = mapping
-
-    def run(self, budget: int) -> bool:
-        """Inflate up to `budget` more bytes; True once the whole message is inflated."""
-        z, out, produced = self._z, self._out, 0
-        assert out is not None, "inflation already closed"
-        while not self._done and produced < budget:
-            step = min(INFLATE_CHUNK, budget - produced, self._limit - self._size + 1)
-            chunk = z.decompress(self._tail, step)
-            self._tail = z.unconsumed_tail
-            produced += len(chunk)
-            end = self._size + len(chunk)
-            if end > self._limit:
-                del out, chunk
-                self.close()
-                raise MessageTooLarge(f"Received message larger than max (inflated past {self._limit} bytes)")
-            out[self._size:end] = chunk
-            self._size = end
-            self._done = z.eof or (len(chunk) < step and not self._tail)
-        return self._done
-
-    def result(self) -> bytearray | memoryview:
-        if not self._z.eof:
-            self.close()
-            raise ValueError("Compressed message is truncated")
-        out = self._out
-        return memoryview(out)[:self._size] if isinstance(out, mmap.mmap) else out  # type: ignore[return-value]
-
-    def close(self) -> None:
-        """Free the output now (it is otherwise reachable from tracebacks until the garbage collector runs)."""
-        out, self._out, self._tail = self._out, None, b""
-        if isinstance(out, mmap.mmap):
-            out.close()
-
-
-async def inflate(encoding: str, data: bytes, limit: int, executor: concurrent.futures.Executor,
+async def inflate(encoding: str, data: bytes, limit: int, inflater: Inflater,
                   gate: asyncio.Semaphore) -> bytearray | memoryview:
-    """The message inflated, never past `limit` bytes; what is left after INFLATE_ON_LOOP bytes is
-    inflated by `executor` while `gate` is held: until the work ends, even if the caller is cancelled
-    first (so the memory inflating takes is bounded by the gate).
+    """The message inflated, never past `limit` bytes; a message inflating to more than INFLATE_ON_LOOP
+    bytes is inflated by `inflater` while `gate` is held: until the work ends, even if the caller is
+    cancelled first (so the memory inflating takes is bounded by the gate).
 
     Raises MessageTooLarge, ValueError or zlib.error."""
     if encoding == "gzip" and len(data) >= 18 and int.from_bytes(data[-4:], "little") > limit:
@@ -367,6 +304,7 @@ async def inflate(encoding: str, data: bytes, limit: int, executor: concurrent.f
     job = Inflation(encoding, data, limit)
     if job.run(INFLATE_ON_LOOP):
         return job.result()
+    job.close()
     await gate.acquire()
     loop = asyncio.get_running_loop()
 
@@ -377,14 +315,12 @@ async def inflate(encoding: str, data: bytes, limit: int, executor: concurrent.f
             pass
 
     try:
-        job.spill()
-        work = executor.submit(job.run, limit + 1)
+        work = inflater.submit(encoding, data, limit)
     except BaseException:
         gate.release()
         raise
     work.add_done_callback(release)
-    await asyncio.wrap_future(work)
-    return job.result()
+    return await asyncio.wrap_future(work)
 
 
 def peer_name(peername: Any) -> str:
