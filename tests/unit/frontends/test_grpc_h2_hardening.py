@@ -5,9 +5,12 @@ RFC 9113 stream-state rules. Raw h2c clients on loopback, each bounded in frames
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
+import os
 import socket
 import struct
+import time
 import zlib
 from collections.abc import Iterator
 
@@ -26,6 +29,7 @@ from naiad.frontends.grpc.h2_connection import (
     RECV_CONN_WINDOW,
     H2Connection,
 )
+from naiad.frontends.grpc.h2_inflater import Inflater
 from naiad.frontends.grpc.h2_server import H2GrpcServer
 from tests.unit.frontends import test_grpc_h2_protocol as protocol
 from tests.unit.frontends.test_grpc_h2_protocol import (
@@ -210,6 +214,31 @@ def test_gzip_bomb_is_resource_exhausted(own: Served) -> None:
     _still_serving(own)
 
 
+@pytest.mark.parametrize("own", [{"grpc_max_decompressed_size": 1 << 20}], indirect=True)
+def test_refused_messages_past_their_budget_stop_the_connection_being_read(own: Served) -> None:
+    """Decompression bombs sent back to back: the first REFUSED_MESSAGE_BURST are answered at once, the
+    rest only as fast as the budget refills, while other connections are served."""
+    bomb = gzip.compress(b"\x00" * (4 << 20))
+    message = b"\x01" + len(bomb).to_bytes(4, "big") + bomb
+    client = RawClient(own.port)
+    try:
+        sids = range(1, 2 * (lim.REFUSED_MESSAGE_BURST + 40), 2)
+        for sid in sids:
+            client.call(sid, INFER, message, extra=(("grpc-encoding", "gzip"),))
+        answered = [client.status(sid) for sid in sids[:lim.REFUSED_MESSAGE_BURST]]
+        assert all(t["grpc-status"] == str(grpc.StatusCode.RESOURCE_EXHAUSTED.value[0]) for t in answered)
+        started, more = time.monotonic(), 0
+        with contextlib.suppress(TimeoutError):
+            while time.monotonic() - started < 1.5:
+                client.until(lambda f: f[0] == w.HEADERS and f[1] & w.END_STREAM, 1.5 - (time.monotonic() - started))
+                more += 1
+        assert more <= lim.REFUSED_MESSAGE_RATE * (time.monotonic() - started) + 2
+        _still_serving(own)
+        assert client.status(sids[lim.REFUSED_MESSAGE_BURST + more])  # later bombs are answered in the end
+    finally:
+        client.close()
+
+
 @pytest.mark.parametrize("own", [{"grpc_max_message_size": 1000}], indirect=True)
 def test_max_message_size_flag_applies(own: Served) -> None:
     client = RawClient(own.port)
@@ -220,6 +249,29 @@ def test_max_message_size_flag_applies(own: Served) -> None:
         assert "1001 vs. 1000" in trailers["grpc-message"]
     finally:
         client.close()
+
+
+def test_large_messages_inflate_in_a_low_priority_process() -> None:
+    """A bomb whose gzip trailer lies is inflated up to the limit in a worker process at nice 19: the
+    server's own process spends next to no CPU time on it."""
+    inflater = Inflater(1)
+    try:
+        data = bytes(range(256)) * 4096
+        assert bytes(inflater.submit("gzip", gzip.compress(data), len(data)).result(WAIT)) == data
+        bomb = gzip.compress(b"\x00" * (64 << 20))
+        lying = bomb[:-4] + (1000).to_bytes(4, "little")
+        before = time.process_time()
+        for _ in range(3):
+            with pytest.raises(w.MessageTooLarge):
+                inflater.submit("gzip", lying, 32 << 20).result(60)
+        assert time.process_time() - before < 0.1  # inflating 96 MiB here would take several times that
+        with pytest.raises(ValueError):
+            inflater.submit("deflate", b"not deflate" * 10_000, 1 << 20).result(WAIT)
+        (worker,) = inflater._workers
+        assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == 19
+    finally:
+        inflater.close()
+    assert worker.process.poll() is not None
 
 
 def test_inflation_is_incremental_and_capped() -> None:

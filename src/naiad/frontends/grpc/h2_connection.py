@@ -290,6 +290,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
     def _end_penalty(self) -> None:
         self._penalty = None
+        self._refusals.take(self.loop.time())  # the refill pays for the refusal that started the penalty
         if not self._closed:
             self._process()
 
@@ -657,7 +658,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         opened and reset in the same batch never reaches the core."""
         ready, self._ready = self._ready, []
         start = self.server.start_unary
-        for stream in ready:
+        for i, stream in enumerate(ready):
+            if self._penalty is not None:  # the calls after a refused message wait with the unread frames
+                self._ready = ready[i:]
+                break
             message, stream.message = stream.message, None
             if stream.finished or message is None:
                 continue
