@@ -21,6 +21,7 @@ from tests.support.servers import RunningServer, start_server
 
 ATTACK_SECS = 2.5
 MAX_RSS_GROWTH_MIB = 100
+MAX_RSS_KEPT_MIB = 12  # what may stay resident 10 s after an attack
 MAX_MEDIAN_LATENCY = 1.0  # seconds; the idle server answers in milliseconds (the machine may be loaded)
 
 
@@ -75,3 +76,29 @@ def test_attack_leaves_the_server_serving(server: RunningServer, kind: str) -> N
     assert latencies and statistics.median(latencies) < MAX_MEDIAN_LATENCY, latencies
     assert peak - baseline < MAX_RSS_GROWTH_MIB, f"RSS {baseline:.0f} -> {peak:.0f} MiB ({stats})"
     assert rss_mib(pid) - baseline < MAX_RSS_GROWTH_MIB
+
+
+def test_memory_goes_back_after_a_window_overrun(tmp_path: Path) -> None:
+    """Streams overrunning their window leave the heap fragmented by their partial-message buffers; once
+    the attacker is gone the server hands that memory back to the system."""
+    add_sub_model(tmp_path / "models", "add_sub", datatype="INT32", dims=4)
+    with start_server(tmp_path / "models", "--grpc-server-impl", "naiad") as fresh:
+        pid = fresh.process.pid
+        baseline = peak = rss_mib(pid)
+        stop, stats = threading.Event(), new_stats()
+        thread = attack_in_thread(fresh.grpc_port, "window_overrun", stop, stats)
+        try:
+            deadline = time.monotonic() + 2 * ATTACK_SECS
+            while time.monotonic() < deadline:
+                peak = max(peak, rss_mib(pid))
+                time.sleep(0.1)
+        finally:
+            stop.set()
+            thread.join(30)
+        deadline = time.monotonic() + 10
+        while rss_mib(pid) - baseline > MAX_RSS_KEPT_MIB and time.monotonic() < deadline:
+            time.sleep(0.2)
+        kept = rss_mib(pid) - baseline
+        assert kept <= MAX_RSS_KEPT_MIB, f"RSS {baseline:.0f} -> peak {peak:.0f} -> {baseline + kept:.0f} MiB ({stats})"
+        with grpcclient.InferenceServerClient(fresh.grpc_url) as client:
+            assert client.is_server_live()

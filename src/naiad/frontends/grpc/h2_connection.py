@@ -91,6 +91,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._reset_order: collections.deque[int] = collections.deque()
         self._reset_sids: set[int] = set()
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
+        self._held_peak = 0
         self._largest: Stream | None = None  # past HELD_BYTES_LIMIT, only this stream's bytes reopen the window
         self._exempt = 0                 # bytes received for it since
         self.inflations = 0              # compressed messages waiting for or in inflation
@@ -133,6 +134,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self.streams.clear()
         if self._resume is not None and not self._resume.done():
             self._resume.set_result(None)
+        if self._held_peak >= lim.TRIM_AFTER_HELD:
+            self.server.memory_freed()
 
     def pause_writing(self) -> None:
         self._paused = True
@@ -566,6 +569,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _take_messages(self, stream: Stream, payload: bytes) -> None:
         stream.held += len(payload)
         self._held += len(payload)
+        if self._held > self._held_peak:
+            self._held_peak = self._held
         limit = self.server.max_message_size
         buf = stream.buf
         if buf is None:

@@ -36,6 +36,12 @@ HELD_BYTES_LIMIT = 32 << 20
 REFUSED_MESSAGE_BURST = 16
 REFUSED_MESSAGE_RATE = 2.0  # per second
 
+# A connection that held this many request bytes at once hands the memory back to the system when it
+# closes (glibc's malloc_trim, at most once per TRIM_INTERVAL seconds server-wide): the buffers of many
+# partial messages leave the allocator's heap fragmented, and it would otherwise keep it.
+TRIM_AFTER_HELD = 1 << 20
+TRIM_INTERVAL = 1.0
+
 # Compressed messages a connection may have waiting for or in inflation; past it the call fails
 # RESOURCE_EXHAUSTED at once. Large inflations run one per connection (and INFLATE_THREADS server-wide).
 INFLATIONS_PER_CONNECTION = 4

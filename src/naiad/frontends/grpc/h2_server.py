@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import ctypes
 import logging
 import ssl
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import grpc
@@ -36,6 +38,19 @@ WRITE_BACKLOG = 1 << 20  # a streaming call pauses when this many response bytes
 _OK = grpc.StatusCode.OK
 _UNKNOWN = grpc.StatusCode.UNKNOWN
 _INTERNAL = grpc.StatusCode.INTERNAL
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim (None on other C libraries and systems)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_TRIM = _malloc_trim()
 
 
 class _CallDetails(grpc.HandlerCallDetails):
@@ -64,6 +79,7 @@ class H2GrpcServer:
         self._generic: list[grpc.GenericRpcHandler] = []
         self._rpcs = 0
         self._listener: asyncio.AbstractServer | None = None
+        self._trim: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------------ grpc.Server-like registration
 
@@ -96,6 +112,15 @@ class H2GrpcServer:
 
     def release_rpc(self) -> None:
         self._rpcs -= 1
+
+    def memory_freed(self) -> None:
+        """A connection that buffered much closed: return the freed heap memory to the system soon."""
+        if _TRIM is not None and self._trim is None:
+            self._trim = self.loop.call_later(lim.TRIM_INTERVAL, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim = None
+        _TRIM(0)
 
     # ------------------------------------------------------------------ running calls
 
@@ -203,6 +228,8 @@ class H2GrpcServer:
         for conn in list(self.connections):
             conn.abort()
         self.inflater.close()
+        if self._trim is not None:
+            self._trim.cancel()
         await asyncio.sleep(0)
 
 
