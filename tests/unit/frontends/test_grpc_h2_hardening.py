@@ -472,6 +472,42 @@ def test_reading_stops_while_the_client_does_not_read(loop: asyncio.AbstractEven
     conn.connection_lost(None)
 
 
+def test_answers_waiting_for_window_hold_off_reading(loop: asyncio.AbstractEventLoop) -> None:
+    """A client that gives no window for answers: once STALLED_STREAMS of them wait, the connection is
+    read only a turn per STALL_PAUSE, so it cannot keep the server running calls whose answers it will
+    not take. Its window update, read in its turn, still gets every answer out."""
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return request
+
+    async def scenario() -> None:
+        server = H2GrpcServer(max_concurrent_streams=1000)
+        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(echo)})
+        conn, transport = H2Connection(server), FakeTransport()
+        conn.connection_made(transport)
+        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+            ("content-type", "application/grpc")))
+        calls = b"".join(w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0" * 5)
+                         for sid in range(1, 2 * (lim.STALLED_STREAMS + 400), 2))
+        conn.data_received(w.PREFACE + w.settings_frame({w.S_INITIAL_WINDOW_SIZE: 0}) + calls)
+        for _ in range(50):  # event-loop turns, no time passing
+            await asyncio.sleep(0)
+        started = len(conn.streams)  # calls run, their answers waiting for window
+        assert lim.STALLED_STREAMS <= started < lim.STALLED_STREAMS + lim.FRAMES_PER_TURN
+        assert not transport.reading
+        conn.data_received(w.settings_frame({w.S_INITIAL_WINDOW_SIZE: w.DEFAULT_WINDOW}))
+        deadline = loop.time() + WAIT
+        while conn.streams and loop.time() < deadline:
+            await asyncio.sleep(lim.STALL_PAUSE / 2)
+        assert not conn.streams, "answers still waiting"
+        assert sum(1 for f in _frames(bytes(transport.out)) if f[0] == w.DATA) == lim.STALLED_STREAMS + 400
+        assert transport.reading
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
+
+
 _FRAME = st.tuples(
     st.sampled_from([*range(11), 0x20]),                      # every type, and an unknown one
     st.integers(0, 255),                                       # flags

@@ -87,7 +87,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._resets = lim.TokenBucket(lim.RESET_BURST, lim.RESET_RATE, self._started)
         self._cheap = lim.TokenBucket(lim.CHEAP_FRAME_BURST, lim.CHEAP_FRAME_RATE, self._started)
         self._refusals = lim.TokenBucket(lim.REFUSED_MESSAGE_BURST, lim.REFUSED_MESSAGE_RATE, self._started)
-        self._penalty: asyncio.TimerHandle | None = None  # reading stopped: refused messages over the budget
+        self._penalty: asyncio.TimerHandle | None = None  # reading held off: refused messages, stalled answers
         self._reset_order: collections.deque[int] = collections.deque()
         self._reset_sids: set[int] = set()
         self._held = 0                   # request bytes held for calls (sum of Stream.held)
@@ -218,8 +218,17 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                 del buf[:pos]
         if self._ready:
             self._start_ready()
+        if len(self._blocked) >= lim.STALLED_STREAMS and self._penalty is None:
+            # the client lets many answers wait for window: read on only now and then (it may be about
+            # to send WINDOW_UPDATE), rather than run every call it keeps sending
+            self._penalty = self.loop.call_later(lim.STALL_PAUSE, self._end_stall)
         self._flush()
         self._update_reading()
+
+    def _end_stall(self) -> None:
+        self._penalty = None
+        if not self._closed:
+            self._process()
 
     def _check_preface(self, data: bytes) -> bytes | None:
         start = len(w.PREFACE) - self._preface_left

@@ -36,6 +36,12 @@ HELD_BYTES_LIMIT = 32 << 20
 REFUSED_MESSAGE_BURST = 16
 REFUSED_MESSAGE_RATE = 2.0  # per second
 
+# Streams whose answers wait for the client's flow-control window (it does not read, or sends no
+# WINDOW_UPDATE): past this many, the connection is read only once per STALL_PAUSE seconds, so a
+# client that never reads cannot keep the server running calls whose answers it will not take.
+STALLED_STREAMS = 256
+STALL_PAUSE = 0.2
+
 # A connection that held this many request bytes at once hands the memory back to the system when it
 # closes (glibc's malloc_trim, at most once per TRIM_INTERVAL seconds server-wide): the buffers of many
 # partial messages leave the allocator's heap fragmented, and it would otherwise keep it.
