@@ -160,6 +160,13 @@ def main() -> None:
 # ------------------------------------------------------------------ the server's side
 
 
+def _worker_env() -> dict[str, str]:
+    """The server's environment, with the directory naiad is imported from first on the path."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+
+
 class _Worker:
     """One worker process and the socket to it; used by one thread at a time."""
 
@@ -168,7 +175,7 @@ class _Worker:
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "naiad.frontends.grpc.h2_inflater", str(theirs.fileno())],
-                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
+                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=_worker_env())
         except BaseException:
             mine.close()
             raise
