@@ -70,6 +70,27 @@ def _still_serving(served: Served) -> None:
         assert good.is_server_live()
 
 
+def test_a_connection_ended_for_abuse_is_held_a_while_before_it_closes(own: Served) -> None:
+    """After GOAWAY ENHANCE_YOUR_CALM nothing more is read, and the connection closes only CALM_LINGER
+    later: a client reconnecting at once cannot get a fresh budget every few milliseconds."""
+    client = RawClient(own.port)
+    try:
+        _send_tolerant(client, w.frame(w.PING, 0, 0, b"12345678") * FLOOD)
+        assert _goaway_code(client) == w.ENHANCE_YOUR_CALM
+        client.sock.settimeout(lim.CALM_LINGER / 2)
+        with pytest.raises(TimeoutError):  # still open (before, the server closed it with the GOAWAY)
+            while client.sock.recv(65536):
+                pass
+        client.sock.settimeout(WAIT)
+        try:
+            assert client.sock.recv(65536) == b""
+        except ConnectionResetError:
+            pass  # closed with unread bytes of the flood
+    finally:
+        client.close()
+    _still_serving(own)
+
+
 # ---------------------------------------------------------------- rapid reset (CVE-2023-44487)
 
 

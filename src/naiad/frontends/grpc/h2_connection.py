@@ -87,6 +87,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._resets = lim.TokenBucket(lim.RESET_BURST, lim.RESET_RATE, self._started)
         self._cheap = lim.TokenBucket(lim.CHEAP_FRAME_BURST, lim.CHEAP_FRAME_RATE, self._started)
         self._refusals = lim.TokenBucket(lim.REFUSED_MESSAGE_BURST, lim.REFUSED_MESSAGE_RATE, self._started)
+        self._linger: asyncio.TimerHandle | None = None  # an abusive client's connection, closing soon
         self._penalty: asyncio.TimerHandle | None = None  # reading held off: refused messages, stalled answers
         self._reset_order: collections.deque[int] = collections.deque()
         self._reset_sids: set[int] = set()
@@ -129,6 +130,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._watch_handle.cancel()
         if self._penalty is not None:
             self._penalty.cancel()
+        if self._linger is not None:
+            self._linger.cancel()
         for stream in list(self.streams.values()):
             self._cancel(stream)
         self.streams.clear()
@@ -765,7 +768,18 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         logger.debug("gRPC connection from %s: %s", self.peer, message)
         self._write(w.goaway(self._last_sid, code, message.encode()[:256]))
         self._flush()
-        self._close()
+        if code != w.ENHANCE_YOUR_CALM or self._closed or self.transport is None:
+            self._close()
+            return
+        # An abusive client: nothing more is read or handled, and its connection is held for a while
+        # before it closes, so that reconnecting at once does not buy a fresh budget every few ms.
+        self._closed = True
+        self._rbuf.clear()
+        self.transport.pause_reading()
+        for stream in list(self.streams.values()):
+            self._cancel(stream)
+        self.streams.clear()
+        self._linger = self.loop.call_later(lim.CALM_LINGER, self._shut)
 
     def goaway(self) -> None:
         """Graceful shutdown: no new calls on this connection; it closes when its calls are done."""
@@ -784,16 +798,23 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _close(self) -> None:
         if not self._closed:
             self._closed = True
-            if self.transport is not None:
-                self.transport.close()
-                if self.transport.get_write_buffer_size():  # a client that does not read gets no linger
-                    self.loop.call_later(self.server.request_timeout, self.transport.abort)
+            self._shut()
+
+    def _shut(self) -> None:
+        self._linger = None
+        if self.transport is not None:
+            self.transport.close()
+            if self.transport.get_write_buffer_size():  # a client that does not read gets no linger
+                self.loop.call_later(self.server.request_timeout, self.transport.abort)
 
     def abort(self) -> None:
         """Shutdown grace is over: cancel what is still running and close."""
         for stream in list(self.streams.values()):
             self._cancel(stream)
         self.streams.clear()
+        if self._linger is not None:
+            self._linger.cancel()
+            self._shut()
         self._close()
 
 

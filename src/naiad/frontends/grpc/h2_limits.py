@@ -36,6 +36,11 @@ HELD_BYTES_LIMIT = 32 << 20
 REFUSED_MESSAGE_BURST = 16
 REFUSED_MESSAGE_RATE = 2.0  # per second
 
+# A connection ended with GOAWAY ENHANCE_YOUR_CALM (a budget above ran out) is no longer read, and
+# closed only after this many seconds: a client reconnecting at once gets a fresh budget once a second,
+# not every few milliseconds.
+CALM_LINGER = 1.0
+
 # Streams whose answers wait for the client's flow-control window (it does not read, or sends no
 # WINDOW_UPDATE): past this many, the connection is read only once per STALL_PAUSE seconds, so a
 # client that never reads cannot keep the server running calls whose answers it will not take.
