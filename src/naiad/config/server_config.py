@@ -38,8 +38,8 @@ class ServerConfig:
     # per connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS; more are refused); 0 = no limit (grpc-core's default)
     grpc_max_concurrent_streams: int = 1000
     grpc_max_concurrent_rpcs: int = 0  # whole server; past it calls fail RESOURCE_EXHAUSTED; 0 = no limit
-    # "grpcio" (grpc.aio, the default) or "naiad" (own HTTP/2 server, opt-in: see docs/security.md)
-    grpc_server_impl: str = "grpcio"
+    # "naiad" (own HTTP/2 server, the default: see docs/security.md) or "grpcio" (grpc.aio)
+    grpc_server_impl: str = "naiad"
     # Naiad's server: a call whose request stops arriving half-way (or a partial frame, a missing preface) is reset
     grpc_incomplete_request_timeout_secs: float = 30.0
     grpc_max_message_size: int = 2**31 - 1  # largest request message (declared length), as Triton

@@ -32,11 +32,11 @@ def test_the_timeout_must_be_a_positive_number(value: str, capsys: pytest.Captur
     assert "--grpc-incomplete-request-timeout-secs" in capsys.readouterr().err
 
 
-def test_grpcio_serves_grpc_by_default_and_the_own_server_is_opt_in(capsys: pytest.CaptureFixture[str]) -> None:
-    assert _config().grpc_server_impl == "grpcio"
-    assert _config("--grpc-server-impl", "naiad").grpc_server_impl == "naiad"
+def test_the_own_server_serves_grpc_by_default_and_grpcio_stays_selectable(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _config().grpc_server_impl == "naiad"
+    assert _config("--grpc-server-impl", "grpcio").grpc_server_impl == "grpcio"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    assert "grpcio's grpc.aio (default)" in help_text
-    assert "opt-in until its defences against the attacks listed in docs/security.md" in help_text
+    assert "Naiad's own HTTP/2 server (default;" in help_text
+    assert "or grpcio's grpc.aio" in help_text

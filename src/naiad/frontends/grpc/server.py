@@ -1,8 +1,8 @@
 """GrpcFrontend: binds the gRPC server hosting the inference service inside the running event loop.
 
-Two implementations serve the same servicer, health service and guard: grpcio's `grpc.aio`
-(`--grpc-server-impl grpcio`, the default) and Naiad's own HTTP/2 server (`--grpc-server-impl
-naiad`, h2_server.py), opt-in until it withstands the attacks listed in docs/security.md.
+Two implementations serve the same servicer, health service and guard: Naiad's own HTTP/2 server
+(`--grpc-server-impl naiad`, the default, h2_server.py; its defences in docs/security.md) and
+grpcio's `grpc.aio` (`--grpc-server-impl grpcio`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class GrpcFrontend:
 
     async def start(self) -> int:
         """Bind and start serving; returns the bound port (port 0 picks a free one)."""
-        if getattr(self._server.config, "grpc_server_impl", "grpcio") == "grpcio":
+        if getattr(self._server.config, "grpc_server_impl", "naiad") == "grpcio":
             return await self._start_grpcio()
         return await self._start_naiad()
 
