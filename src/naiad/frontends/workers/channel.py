@@ -17,13 +17,21 @@ from typing import Any, cast
 
 _LENGTH = struct.Struct("<I")
 MAX_FRAME = (1 << 32) - 1
+_FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
 
 
+class UnsendableMessage(ValueError):
+    """A message the channel cannot carry (nested too deeply to pickle, or over 4 GiB)."""
+
+
 def encode_frame(message: Any) -> bytes:
-    payload = pickle.dumps(message, protocol=5)
+    try:
+        payload = pickle.dumps(message, protocol=5)
+    except RecursionError:
+        raise UnsendableMessage("the message is nested too deeply for the worker channel") from None
     if len(payload) > MAX_FRAME:
-        raise ValueError(f"message of {len(payload)} bytes is too large for the worker channel")
+        raise UnsendableMessage(f"message of {len(payload)} bytes is too large for the worker channel")
     return _LENGTH.pack(len(payload)) + payload
 
 
@@ -51,7 +59,7 @@ class Channel(asyncio.BufferedProtocol):
         self.on_message = on_message
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._transport: asyncio.Transport | None = None
-        self._buffer = bytearray(1 << 16)
+        self._buffer = bytearray(_FIRST_BUFFER)
         self._filled = 0
 
     @classmethod
@@ -74,7 +82,7 @@ class Channel(asyncio.BufferedProtocol):
         return self._transport is not None and not self._transport.is_closing()
 
     def send(self, message: Any) -> None:
-        """Queue one message (dropped when the peer is gone: its requests are answered by the restart)."""
+        """Queue one message (dropped when the peer is gone); UnsendableMessage when it cannot be framed."""
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(encode_frame(message))
 
@@ -83,10 +91,11 @@ class Channel(asyncio.BufferedProtocol):
             self._transport.close()
 
     # ------------------------------------------------------------ reading (BufferedProtocol)
+    # The buffer is replaced, never resized: the transport may still hold a view of the old one.
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if len(self._buffer) - self._filled < 1 << 14:
-            self._buffer.extend(bytes(len(self._buffer)))  # grow: a large frame is arriving
+            self._replace_buffer(2 * len(self._buffer))  # a large frame is arriving
         return memoryview(self._buffer)[self._filled:]
 
     def buffer_updated(self, nbytes: int) -> None:
@@ -97,23 +106,30 @@ class Channel(asyncio.BufferedProtocol):
             (length,) = _LENGTH.unpack_from(buffer, start)
             end = start + _LENGTH.size + length
             if end > self._filled:
-                if end - start > len(buffer):
-                    self._compact(start)
-                    buffer.extend(bytes(end - start - len(buffer)))
-                    return
                 break
             message = pickle.loads(memoryview(buffer)[start + _LENGTH.size:end])
             start = end
             self.on_message(message)
-        self._compact(start)
-
-    def _compact(self, start: int) -> None:
-        if start:
-            remaining = self._filled - start
-            self._buffer[:remaining] = self._buffer[start:self._filled]
+        remaining = self._filled - start
+        if remaining == 0:
+            self._filled = 0
+            if len(buffer) > _KEPT_BUFFER:
+                self._buffer = bytearray(_KEPT_BUFFER)  # a large frame passed: give its memory back
+            return
+        needed = _LENGTH.unpack_from(buffer, start)[0] + _LENGTH.size if remaining >= _LENGTH.size else 0
+        if needed + (1 << 14) > len(buffer):
+            self._replace_buffer(needed + (1 << 14), start)  # room for the whole frame being read
+        elif start:
+            buffer[:remaining] = buffer[start:self._filled]  # same size: allowed while a view is held
             self._filled = remaining
-        if self._filled == 0 and len(self._buffer) > _KEPT_BUFFER:
-            self._buffer = bytearray(_KEPT_BUFFER)  # a large frame passed: give its memory back
+
+    def _replace_buffer(self, size: int, start: int = 0) -> None:
+        """A new buffer of `size` bytes holding the unread bytes from `start` on."""
+        fresh = bytearray(size)
+        remaining = self._filled - start
+        fresh[:remaining] = self._buffer[start:self._filled]
+        self._buffer = fresh
+        self._filled = remaining
 
     def eof_received(self) -> bool | None:
         return False

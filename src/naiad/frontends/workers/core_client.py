@@ -56,8 +56,8 @@ class CoreClient:
         channel = self._channel()
         request_id = next(self._ids)
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        channel.send((wire.INFER, request_id, request, traceparent))  # (UnsendableMessage: the caller relays)
         self._results[request_id] = future
-        channel.send((wire.INFER, request_id, request, traceparent))
         try:
             return await future
         except asyncio.CancelledError:

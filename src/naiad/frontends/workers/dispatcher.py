@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.workers import wire
-from naiad.frontends.workers.channel import Channel
+from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
 from naiad.protocol.types import InferenceRequest
@@ -80,7 +80,10 @@ class Dispatcher:
             log.exception("error running a frontend worker's infer request for model '%s'", request.model_name)
             self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
         else:
-            self._send((wire.RESULT, request_id, response))
+            try:
+                self._send((wire.RESULT, request_id, response))
+            except UnsendableMessage as exc:
+                self._send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
 
     async def _relay(self, request_id: int, scope: dict[str, Any], body: bytes) -> None:
         delivered = False

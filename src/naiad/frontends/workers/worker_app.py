@@ -20,6 +20,7 @@ from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_an
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import header_forwarder
+from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.observability.trace_context import find_traceparent
 from naiad.protocol.errors import NaiadError
@@ -123,6 +124,9 @@ class WorkerApp:
                                               scope)
             payload, json_length = encode_infer_response(response, plan)
         except ClientDisconnected:
+            return
+        except UnsendableMessage:  # parameters nested past what pickle carries: the core decodes the body itself
+            await self._relay_watched(scope, receive, body, send)
             return
         except NaiadError as exc:
             status, message = status_and_message(exc)
