@@ -143,6 +143,8 @@ class WorkerHttpFrontend:
                 await worker.wait_ready(START_TIMEOUT_SECS)
             except OSError as exc:
                 log.error("%s", exc)
+            else:
+                log.info("frontend worker %d started again (pid %d)", worker.index, worker.process.pid)
 
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
