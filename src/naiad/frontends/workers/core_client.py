@@ -9,6 +9,7 @@ from typing import Any
 
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel
+from naiad.frontends.workers.codec import request_to_wire, response_from_wire
 from naiad.protocol.errors import unavailable
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
@@ -30,7 +31,7 @@ class CoreClient:
             future = self._results.pop(request_id, None)
             if future is not None and not future.done():
                 if kind == wire.RESULT:
-                    future.set_result(message[2])
+                    future.set_result(response_from_wire(message[2]))
                 else:
                     future.set_exception(wire.error_from_value(message[2]))
             return
@@ -56,7 +57,7 @@ class CoreClient:
         channel = self._channel()
         request_id = next(self._ids)
         future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
-        channel.send((wire.INFER, request_id, request, traceparent))  # (UnsendableMessage: the caller relays)
+        channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))  # (UnsendableMessage: the caller relays)
         self._results[request_id] = future
         try:
             return await future

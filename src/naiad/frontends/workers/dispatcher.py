@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
+from naiad.frontends.workers.codec import request_from_wire, response_to_wire
 from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
-from naiad.protocol.types import InferenceRequest
 
 if TYPE_CHECKING:
     from naiad.core.server import Server
@@ -65,7 +65,8 @@ class Dispatcher:
         if self.channel is not None:
             self.channel.send(message)
 
-    async def _infer(self, request_id: int, request: InferenceRequest, traceparent: str) -> None:
+    async def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str) -> None:
+        request = request_from_wire(wired)
         try:
             if traceparent:
                 with incoming_traceparent(((b"traceparent", traceparent.encode("latin-1")),)):
@@ -81,7 +82,7 @@ class Dispatcher:
             self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
         else:
             try:
-                self._send((wire.RESULT, request_id, response))
+                self._send((wire.RESULT, request_id, response_to_wire(response)))
             except UnsendableMessage as exc:
                 self._send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
 

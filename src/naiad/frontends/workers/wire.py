@@ -1,10 +1,10 @@
 """The messages of the worker channel: their kinds, and the parts that do not pickle as they are.
 
-Worker -> core:  (INFER, id, InferenceRequest, traceparent)  a decoded infer request
+Worker -> core:  (INFER, id, request, traceparent)           a decoded infer request (codec.py's tuple)
                  (RELAY, id, scope, body)                     any other HTTP request, run by the core's app
                  (CANCEL, id)                                 the client went away
                  (READY, pid)                                 the worker listens
-Core -> worker:  (RESULT, id, InferenceResponse)
+Core -> worker:  (RESULT, id, response)                      codec.py's tuple
                  (ERROR, id, (ErrorCode, message))
                  (ASGI, id, message)                          one ASGI send() of a relayed request
                  (DONE, id)                                   the relayed request is answered
