@@ -99,6 +99,9 @@ class Dispatcher:
             return {"type": "http.disconnect"}
 
         async def send(message: dict[str, Any]) -> None:
+            body = message.get("body")
+            if body is not None and not isinstance(body, bytes):  # a memoryview does not pickle
+                message = {**message, "body": bytes(body)}
             self._send((wire.ASGI, request_id, message))
 
         try:
