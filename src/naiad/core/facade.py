@@ -3,8 +3,9 @@
 Frontends (HTTP, gRPC, OpenAI, SageMaker, Vertex AI, metrics) and the in-process API depend on
 these protocols only, never on the `Server` class or the modules behind it (an import-linter
 contract in pyproject.toml holds that seam). Arguments and results are protocol types
-(`InferenceRequest`, `InferenceResponse`, `NaiadError`), the `ModelConfig` protobuf, and dicts,
-lists and strings: values a frontend in another process could receive as well.
+(`InferenceRequest`, `InferenceResponse`, `NaiadError`), dicts, lists and strings, which pickle,
+and the `ModelConfig` protobuf, which crosses a process boundary as its serialized bytes: values a
+frontend in another process can be handed as well.
 
 - `InferenceAPI`: run requests. Shared-memory references in a request are resolved by the core,
   inputs and outputs alike: a frontend only decodes the reference.

@@ -2,6 +2,7 @@
 request through the real HTTP and gRPC frontends, the caller's config left alone."""
 
 import asyncio
+import pickle
 import urllib.error
 import urllib.request
 from multiprocessing import shared_memory as mp_shm
@@ -16,7 +17,7 @@ import naiad
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.server import GrpcFrontend
 from naiad.frontends.http.server import HttpFrontend
-from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput, SharedMemoryRef
 from tests.support.onnx_models import add_sub_model
 
@@ -160,3 +161,23 @@ def test_one_model_lookup_per_request_through_http_and_grpc(server):
         server.models.lookup = real_lookup
         _call(server, grpc_frontend.stop())
         _call(server, http.stop())
+
+
+def test_facade_values_cross_a_process_boundary(server):
+    """What the interfaces take and give pickles: a frontend in another process can be handed them."""
+    request = InferenceRequest(
+        model_name="add_sub", id="r1",
+        inputs=[InferInput("INPUT0", "FP32", (1, 16), None, shared_memory=SharedMemoryRef("reg", 64, 8)),
+                InferInput("INPUT1", "FP32", (1, 16), np.ones((1, 16), np.float32))],
+        outputs=[RequestedOutput("OUTPUT0", classification=2)],
+    )
+    copy = pickle.loads(pickle.dumps(request))
+    assert copy.inputs[0].shared_memory == SharedMemoryRef("reg", 64, 8) and copy.inputs[0].data is None
+    np.testing.assert_array_equal(copy.inputs[1].data, request.inputs[1].data)
+    assert copy.outputs == request.outputs
+    for error in (NaiadError(ErrorCode.NOT_FOUND, "gone"), DecoupledModelError("dec")):
+        again = pickle.loads(pickle.dumps(error))
+        assert (type(again), again.code, again.message) == (type(error), error.code, error.message)
+    for value in (server.info.metadata(), server.info.model_metadata("add_sub"), server.info.model_config_dict("add_sub"),
+                  server.info.model_statistics("add_sub"), server.control.repository_index(), server.shared_memory.status()):
+        assert pickle.loads(pickle.dumps(value)) == value
