@@ -66,7 +66,8 @@ def test_requests_round_trip_through_the_flat_tuple() -> None:
     words = np.array([b"a", b"bc"], dtype=np.object_).reshape(1, 2)
     request = InferenceRequest(
         "model", [InferInput("X", "FP32", (2, 3), np.arange(6, dtype=">f4").reshape(2, 3)[:, ::-1], {"p": 1}),
-                  InferInput("W", "BYTES", (1, 2), words)],
+                  InferInput("W", "BYTES", (1, 2), words),
+                  InferInput("S", "INT32", (1, 4), None, {}, SharedMemoryRef("inputs", 16, 32))],
         model_version="2", id="r1",
         outputs=[RequestedOutput("Y", {"q": True}, 3, SharedMemoryRef("region", 16, 8))],
         parameters={"k": [1, {"deep": "x"}]}, priority=2, timeout_us=5, sequence_id="s", sequence_start=True)
@@ -75,6 +76,7 @@ def test_requests_round_trip_through_the_flat_tuple() -> None:
     np.testing.assert_array_equal(back.inputs[0].data, request.inputs[0].data)
     assert back.inputs[0].data.dtype == np.dtype(">f4") and back.inputs[0].parameters == {"p": 1}
     assert back.inputs[1].data.tolist() == [[b"a", b"bc"]]
+    assert back.inputs[2].data is None and back.inputs[2].shared_memory == SharedMemoryRef("inputs", 16, 32)
     assert back.outputs == request.outputs
     assert (back.parameters, back.priority, back.timeout_us) == (request.parameters, 2, 5)
     assert (back.sequence_id, back.sequence_start, back.sequence_end) == ("s", True, False)

@@ -4,7 +4,8 @@ Pickling the dataclasses themselves costs the core about 3x more (each slotted o
 `__reduce_ex__`); the core's CPU per request bounds the whole server, so the infer messages are
 flattened: tensors of a plain numeric dtype travel as (dtype string, shape, bytes) and come back
 as read-only numpy views over those bytes (as the HTTP decoder's views over a body are); any other
-array (BYTES object arrays, extension dtypes) is pickled as it is.
+array (BYTES object arrays, extension dtypes) is pickled as it is. An input sent by shared-memory
+reference travels as its reference: the core reads the region.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ def tensor_from_wire(value: Tensor) -> np.ndarray:
 
 def request_to_wire(request: InferenceRequest) -> tuple[Any, ...]:
     return (request.model_name, request.model_version, request.id,
-            [(i.name, i.datatype, i.shape, tensor_to_wire(i.data), i.parameters or None) for i in request.inputs],
+            [(i.name, i.datatype, i.shape, None if i.data is None else tensor_to_wire(i.data), i.parameters or None,
+              i.shared_memory) for i in request.inputs],
             [(o.name, o.parameters or None, o.classification, o.shared_memory) for o in request.outputs],
             request.parameters or None, request.priority, request.timeout_us,
             request.sequence_id, request.sequence_start, request.sequence_end)
@@ -50,8 +52,8 @@ def request_from_wire(wire: tuple[Any, ...]) -> InferenceRequest:
     model, version, request_id, inputs, outputs, parameters, priority, timeout_us, sequence_id, start, end = wire
     return InferenceRequest(
         model,
-        [InferInput(name, datatype, shape, tensor_from_wire(data), params or {})
-         for name, datatype, shape, data, params in inputs],
+        [InferInput(name, datatype, shape, None if data is None else tensor_from_wire(data), params or {}, shm)
+         for name, datatype, shape, data, params, shm in inputs],
         version, request_id,
         [RequestedOutput(name, params or {}, classification, shm) for name, params, classification, shm in outputs],
         parameters or {}, priority, timeout_us, sequence_id, start, end)

@@ -1,6 +1,6 @@
-"""Core side of one worker's channel: runs its requests through the Server as if they came in here.
+"""Core side of one worker's channel: runs its requests through the facade as if they came in here.
 
-Decoded infer requests go to `Server.infer_async()`; every other HTTP request is run by the core's own
+Decoded infer requests go to the inference interface (`InferenceAPI.infer`); every other HTTP request is run by the core's own
 HTTP application (the one the HTTP port serves without workers), so model control, metadata,
 statistics, shared-memory registration and the rest give the one server's answers by construction.
 """
@@ -19,7 +19,7 @@ from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import InferenceAPI
     from naiad.frontends.http.app import HttpApp
 
 log = logging.getLogger("naiad.frontends")
@@ -28,8 +28,8 @@ log = logging.getLogger("naiad.frontends")
 class Dispatcher:
     """Answers one worker's messages; `tasks` are its requests in flight (cancelled if the worker dies)."""
 
-    def __init__(self, server: Server, app: HttpApp, on_ready: Any) -> None:
-        self.server = server
+    def __init__(self, inference: InferenceAPI, app: HttpApp, on_ready: Any) -> None:
+        self.inference = inference
         self.app = app
         self.on_ready = on_ready
         self.channel: Channel | None = None
@@ -70,9 +70,9 @@ class Dispatcher:
         try:
             if traceparent:
                 with incoming_traceparent(((b"traceparent", traceparent.encode("latin-1")),)):
-                    response = await self.server.infer_async(request)
+                    response = await self.inference.infer(request)
             else:
-                response = await self.server.infer_async(request)
+                response = await self.inference.infer(request)
         except DecoupledModelError:
             self._send((wire.ERROR, request_id, wire.error_value(unsupported(DECOUPLED_MESSAGE))))
         except NaiadError as exc:

@@ -25,7 +25,7 @@ from naiad.frontends.workers.channel import Channel, encode_frame
 from naiad.frontends.workers.dispatcher import Dispatcher
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 log = logging.getLogger("naiad.frontends")
 
@@ -37,7 +37,7 @@ KILL_GRACE_SECS = 5.0
 class WorkerProcess:
     """One worker: its process, its channel and the dispatcher answering it."""
 
-    def __init__(self, index: int, listen: socket.socket, server: Server, app: HttpApp) -> None:
+    def __init__(self, index: int, listen: socket.socket, server: ServerAPI, app: HttpApp) -> None:
         self.index = index
         self.listen = listen
         self.server = server
@@ -52,7 +52,7 @@ class WorkerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.ready = loop.create_future()
         ready = self.ready
-        dispatcher = Dispatcher(self.server, self.app, lambda pid: ready.done() or ready.set_result(pid))
+        dispatcher = Dispatcher(self.server.inference, self.app, lambda pid: ready.done() or ready.set_result(pid))
         try:
             ours.sendall(encode_frame(self.server.config))  # read by the worker before its loop starts
             self.process = await asyncio.create_subprocess_exec(
@@ -92,9 +92,9 @@ class WorkerProcess:
 
 
 class WorkerHttpFrontend:
-    """The HTTP/REST endpoint of one Server, served by `config.frontend_processes` worker processes."""
+    """The HTTP/REST endpoint of one server, served by `config.frontend_processes` worker processes."""
 
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.server = server
         self.host = host
         self.port = port

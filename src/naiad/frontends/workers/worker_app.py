@@ -1,7 +1,7 @@
 """The HTTP/REST application of a frontend worker: infer is decoded and encoded here, the rest is relayed.
 
-A POST infer whose body decodes cleanly (JSON and binary tensors, no shared-memory references, not a
-raw binary body) becomes an InferenceRequest sent to the core; its response is encoded here. Every
+A POST infer whose body decodes cleanly (JSON, binary tensors, shared-memory references, which the
+core reads; not a raw binary body) becomes an InferenceRequest sent to the core; its response is encoded here. Every
 other request, and any infer body this process cannot decode alone, is relayed whole to the core's
 own HTTP application: error answers and their precedence stay exactly the single server's.
 """
@@ -28,11 +28,10 @@ from naiad.protocol.errors import NaiadError
 log = logging.getLogger("naiad.http")
 
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-_SHM_MARKER = b"shared_memory_region"
 
 
 class _CoreOnly(Exception):
-    """The request needs state only the core holds (registered regions, the model config): relay it."""
+    """The request needs state only the core holds (the model config of a raw binary body): relay it."""
 
 
 class _NoLocalState:
@@ -110,8 +109,8 @@ class WorkerApp:
             plain = body if headers.content_encoding is None else decompress_body(
                 body, headers.content_encoding, self.config.http_max_input_size)
             header_length = parse_header_length(headers.infer_header_length, len(plain))
-            if header_length == 0 or _SHM_MARKER in (plain if header_length is None else plain[:header_length]):
-                raise _CoreOnly("raw body or shared memory")
+            if header_length == 0:
+                raise _CoreOnly("a raw binary body is shaped by the model config")
             request, plan = decode_infer_request(self._no_state, model, version, plain, header_length)
         except (NaiadError, HttpError, _CoreOnly):
             # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
