@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import time
 import urllib.request
 import uuid
@@ -21,17 +22,21 @@ import tritonclient.utils.shared_memory as shm
 
 from tests.support.onnx_models import add_sub_model, identity_model
 from tests.support.servers import RunningServer, start_server
+from tests.support.waiting import wait_until
 
 WORKERS = 2
 CONNECTIONS = 16  # fresh connections per check: the kernel spreads them over the workers' sockets
 _PIDS = re.compile(r"served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
 _RESTARTED = re.compile(r"frontend worker (\d+) started again \(pid (\d+)\)")
+# A lone request waits this long for company: it is still queued when its client gives up.
+QUEUED = "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [8] }"
 
 
 def _repository(root: Path) -> Path:
     repo = root / "models"
     add_sub_model(repo, "add_sub", datatype="INT32", dims=4, scheduler="")
     identity_model(repo, "identity_fp32", "FP32", [-1])
+    add_sub_model(repo, "queued", datatype="INT32", dims=4, scheduler=QUEUED)
     return repo
 
 
@@ -39,7 +44,7 @@ def _repository(root: Path) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = _repository(tmp_path_factory.mktemp("frontend_processes"))
     with start_server(repo, "--frontend-processes", str(WORKERS), "--model-control-mode", "explicit",
-                      "--load-model", "add_sub") as running:
+                      "--load-model", "add_sub", "--load-model", "queued") as running:
         yield running
 
 
@@ -127,17 +132,33 @@ def test_metadata_ready_and_statistics_count_every_request(server: RunningServer
     assert call(server, "GET", "/v2/health/ready")[0] == 200
 
 
-def test_metrics_count_requests_of_every_worker(server: RunningServer) -> None:
-    def successes() -> float:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).read().decode()
-        match = re.search(r'^nv_inference_request_success\{model="add_sub",version="1"\} (\S+)$', text, re.M)
-        assert match, text
-        return float(match.group(1))
+def metric(server: RunningServer, family: str, model: str, reason: str | None = None) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=30).read().decode()
+    labels = f'model="{model}",reason="{reason}",version="1"' if reason else f'model="{model}",version="1"'
+    match = re.search(rf"^{family}\{{{labels}\}} (\S+)$", text, re.M)
+    assert match, text
+    return float(match.group(1))
 
-    before = successes()
+
+def test_metrics_count_requests_of_every_worker(server: RunningServer) -> None:
+    before = metric(server, "nv_inference_request_success", "add_sub")
     for i in range(CONNECTIONS):
         assert call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([i, 0, 0, 0], [0, 0, 0, 0]))[0] == 200
-    assert successes() == before + CONNECTIONS
+    assert metric(server, "nv_inference_request_success", "add_sub") == before + CONNECTIONS
+
+
+def test_a_client_gone_cancels_its_request_in_the_core(server: RunningServer) -> None:
+    body = add_sub_body([1, 2, 3, 4], [1, 1, 1, 1])
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as conn:
+        conn.sendall(b"POST /v2/models/queued/infer HTTP/1.1\r\nHost: naiad\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        wait_until(lambda: metric(server, "nv_inference_pending_request_count", "queued") == 1,
+                   "the request to be queued in the core", timeout=30)
+    wait_until(lambda: metric(server, "nv_inference_pending_request_count", "queued") == 0,
+               "the queued request to be dropped", timeout=30)
+    wait_until(lambda: metric(server, "nv_inference_request_failure", "queued", "CANCELED") == 1,
+               "the cancelled request to be counted", timeout=30)
+    assert metric(server, "nv_inference_request_success", "queued") == 0
 
 
 def test_a_model_loaded_through_one_worker_is_ready_through_all(server: RunningServer) -> None:
