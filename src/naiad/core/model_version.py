@@ -6,18 +6,17 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendInstance, RequestModelInstance, ServerServices
+from naiad.backends.base import ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
-from naiad.runtime.thread_instance import InstancePool, PoolInstance, ThreadInstance
+from naiad.runtime.thread_instance import InstancePool, PoolInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
@@ -62,18 +61,11 @@ def _first_response_buckets(config: mc.ModelConfig) -> tuple[float, ...]:
     return DEFAULT_FIRST_RESPONSE_BUCKETS_MS
 
 
-def _pooled(instance: BackendInstance) -> PoolInstance:
-    """Request-level instances run as they are; tensor instances get the thread they execute on."""
-    if hasattr(instance, "execute_requests"):  # the one method tensor instances lack
-        return cast(RequestModelInstance, instance)
-    return ThreadInstance(instance)
-
-
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
-        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[BackendInstance], services: ServerServices | None = None,
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[PoolInstance], services: ServerServices | None = None,
         rate_limiter: RateLimiter | None = None,
     ) -> None:
         self.config = config
@@ -98,7 +90,7 @@ class ModelVersion:
         self.stats = ModelStatistics(
             self.name, self.version_str, _first_response_buckets(config), getattr(services, "summary_quantiles", None)
         )
-        pooled = [_pooled(i) for i in instances]
+        pooled = list(instances)
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
             self.pool: InstancePool = rate_limiter.pool(pooled, limits)

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from naiad.backends.python.framing import BlockingChannel
+from naiad.runtime.process.framing import BlockingChannel
 
 BUSY_HANDOVER = 0.05  # seconds of main-thread execute after which the helper takes over reading
 IDLE_POLL = 0.5

@@ -1,4 +1,9 @@
-"""PythonInstance: the RequestModelInstance in the server process, keeping one healthy worker behind it."""
+"""ProcessInstance: the adapter running an instance in a worker process, keeping one healthy worker behind it.
+
+The worker hosts either a Triton Python model (model.py, see python_host.py) or any tensor backend's
+instance (backend_host.py); this side is the same for both: launch, batches through shared memory,
+restart after a crash, health and finalize.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import asyncio
 import collections
 import logging
 import time
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -17,11 +23,12 @@ from naiad.backends.base import (
     ModelSource,
     ResponseCallback,
 )
-from naiad.backends.python.launcher import Launch
-from naiad.backends.python.session import WorkerSession, WorkerStartError
-from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
 from naiad.config.model_config import config_to_json, datatype_name
 from naiad.protocol.errors import internal, invalid_arg
+from naiad.runtime.memory import rss_bytes
+from naiad.runtime.process.launcher import Launch, launch_for
+from naiad.runtime.process.session import WorkerSession, WorkerStartError
+from naiad.runtime.process.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
 
 log = logging.getLogger("naiad.python")
 
@@ -57,6 +64,11 @@ def _byte_size(settings: dict[str, str], key: str, default: int) -> int:
     return value
 
 
+# What a worker hosts: a Triton Python model (model.py) or a tensor backend's instance.
+PYTHON_HOST = "python"
+BACKEND_HOST = "backend"
+
+
 def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
     """Exactly the seven keys Triton passes to initialize(args)."""
     return {
@@ -70,10 +82,26 @@ def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
     }
 
 
-class PythonInstance:
+def host_init(source: ModelSource, spec: InstanceSpec, host: str) -> dict[str, Any]:
+    """What the worker needs to build its instance: the model file and Triton's initialize args for a
+    Python model; the backend, config and instance spec for a tensor backend (it loads the model itself)."""
+    init: dict[str, Any] = {"host": host, "model_file": str(source.model_file), "args": initialize_args(source, spec)}
+    if host == BACKEND_HOST:
+        init["backend"] = source.config.backend
+        init["config"] = source.config.SerializeToString()
+        init["source"] = (source.version, str(source.model_dir), str(source.version_dir), dict(source.backend_settings))
+        init["spec"] = (spec.name, spec.group.SerializeToString(), spec.kind, spec.device_id)
+    return init
+
+
+class ProcessInstance:
     """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
 
-    def __init__(self, source: ModelSource, spec: InstanceSpec, launch: Launch, log_verbose: int = 0) -> None:
+    tracks_unfinished = True
+    in_worker_process = True
+
+    def __init__(self, source: ModelSource, spec: InstanceSpec, launch: Launch, log_verbose: int = 0,
+                 host: str = PYTHON_HOST) -> None:
         self.name = spec.name
         self._source = source
         self._launch = launch
@@ -83,8 +111,7 @@ class PythonInstance:
         self._shm_sizes = (_byte_size(settings, "shm-default-byte-size", DEFAULT_BYTE_SIZE),
                            _byte_size(settings, "shm-growth-byte-size", GROWTH_BYTE_SIZE))
         self._init = {
-            "model_file": str(source.model_file),
-            "args": initialize_args(source, spec),
+            **host_init(source, spec, host),
             "decoupled": source.config.model_transaction_policy.decoupled,
             "model_name": source.config.name,
             "model_version": source.version,
@@ -239,6 +266,11 @@ class PythonInstance:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
                 self._depth = pipeline_depth(self._execution_ns)
 
+    def memory_bytes(self) -> int:
+        """The worker's resident memory: the model lives there, not in the server."""
+        pid = self.pid
+        return rss_bytes(pid) if pid else 0
+
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
         return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0)
@@ -293,3 +325,13 @@ class PythonInstance:
                 await session.finalize(self._stub_timeout)
         self._serving = None
         self._resubmit(None)
+
+
+async def start_process_instance(source: ModelSource, spec: InstanceSpec, host: str = PYTHON_HOST) -> ProcessInstance:
+    """Spawn the instance's worker and wait for its initialize (or model load); a failure there fails the load."""
+    loop = asyncio.get_running_loop()
+    launch = await loop.run_in_executor(None, launch_for, source.config, source.model_dir)
+    verbose = 1 if log.isEnabledFor(logging.DEBUG) else 0
+    instance = ProcessInstance(source, spec, launch, verbose, host)
+    await instance.start()
+    return instance

@@ -19,19 +19,19 @@ from naiad.backends.base import (
     ResponseCallback,
     ServerServices,
 )
-from naiad.backends.python import bls
-from naiad.backends.python.framing import FrameDecoder, encode
-from naiad.backends.python.launcher import Launch, spawn
-from naiad.backends.python.outputs import OutputReader
-from naiad.backends.python.shm import (
+from naiad.protocol.errors import ErrorCode, NaiadError, internal
+from naiad.runtime.process import bls
+from naiad.runtime.process.framing import FrameDecoder, encode
+from naiad.runtime.process.launcher import Launch, spawn
+from naiad.runtime.process.outputs import OutputReader
+from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
     GROWTH_BYTE_SIZE,
     BlockPool,
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.backends.python.tensors import datatype_of, pack
-from naiad.protocol.errors import ErrorCode, NaiadError, internal
+from naiad.runtime.process.tensors import datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 

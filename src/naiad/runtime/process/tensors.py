@@ -6,8 +6,8 @@ import struct
 
 import numpy as np
 
-from naiad.backends.python.shm import BlockPool
 from naiad.protocol.datatypes import NUMPY_DTYPES, datatype_of_array
+from naiad.runtime.process.shm import BlockPool
 
 ALIGN = 64
 _LEN = struct.Struct("<I")

@@ -7,7 +7,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from naiad.backends.python.tensors import pack, unpack_one
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import (
     InferenceRequest,
@@ -15,9 +14,10 @@ from naiad.protocol.types import (
     InferInput,
     RequestedOutput,
 )
+from naiad.runtime.process.tensors import pack, unpack_one
 
 if TYPE_CHECKING:
-    from naiad.backends.python.session import WorkerSession
+    from naiad.runtime.process.session import WorkerSession
 
 log = logging.getLogger("naiad.python")
 

@@ -1,17 +1,19 @@
-"""Worker side of the IPC: what pb_utils calls (responses, BLS, model control, logs, metrics) and the reader thread."""
+"""Worker side of the IPC: the channel, its reader, the shared-memory blocks, and what pb_utils calls
+(responses, BLS, model control, logs, metrics)."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from naiad.backends.python.framing import BlockingChannel
-from naiad.backends.python.inbox import Call, Inbox
-from naiad.backends.python.shm import BlockPool, PeerBlocks
-from naiad.backends.python.tensors import pack, unpack_one
+from naiad.runtime.process.framing import BlockingChannel
+from naiad.runtime.process.inbox import Call, Inbox
+from naiad.runtime.process.shm import BlockPool, PeerBlocks
+from naiad.runtime.process.tensors import pack, unpack_one
 from triton_python_backend_utils import _runtime
 
 _END = object()
@@ -223,3 +225,13 @@ class WorkerRuntime:
     def shutdown_resources(self) -> None:
         self.pool.close()
         self.peers.close()
+
+
+def exit_worker(runtime: WorkerRuntime, code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    runtime.shutdown_resources()
+    os._exit(code)

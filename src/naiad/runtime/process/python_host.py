@@ -1,16 +1,13 @@
-"""The worker process main: imports model.py, runs initialize / execute / finalize, answers the server."""
+"""Hosts a Triton Python model (model.py) in a worker process: initialize / execute / finalize, auto_complete_config."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import importlib.util
 import inspect
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -18,9 +15,9 @@ import types
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from naiad.backends.python.framing import BlockingChannel
-from naiad.backends.python.runtime import WorkerRuntime, error_tuple
-from naiad.backends.python.tensors import pack, unpack_one
+from naiad.runtime.process.framing import BlockingChannel
+from naiad.runtime.process.tensors import pack, unpack_one
+from naiad.runtime.process.worker_runtime import WorkerRuntime, error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -118,6 +115,12 @@ class Worker:
             self.channel.send(("init_error", format_exception(exc)))
             return False
         _runtime.set_phase("execute")
+        self.announce_ready({"async_execute": self.async_execute,
+                             "has_is_ready": callable(getattr(self.model, "is_ready", None))})
+        return True
+
+    def announce_ready(self, info: dict) -> None:
+        """Map the server's first block, make our own, and tell the server the instance is ready."""
         prewarmed = None
         try:
             if self.init.get("prewarmed"):
@@ -125,9 +128,7 @@ class Worker:
             prewarmed = self.runtime.pool.prewarm()
         except OSError:  # no room in /dev/shm now: blocks are created on demand (and fail there, per request)
             pass
-        self.channel.send(("ready", {"async_execute": self.async_execute, "prewarmed": prewarmed,
-                                     "has_is_ready": callable(getattr(self.model, "is_ready", None))}))
-        return True
+        self.channel.send(("ready", {**info, "prewarmed": prewarmed}))
 
     # ------------------------------------------------------------ messages handled off the main thread
 
@@ -274,7 +275,7 @@ class Worker:
         except BaseException as exc:  # finalize errors are logged, the worker still ends
             self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
         self.channel.send(("F",))
-        _exit(self.runtime, 0)
+        exit_worker(self.runtime, 0)
 
 
 def _rescheduled(requests: list) -> tuple:
@@ -283,17 +284,7 @@ def _rescheduled(requests: list) -> tuple:
     return tuple(i for i, request in enumerate(requests) if request.release_flags() == flag)
 
 
-def _exit(runtime: WorkerRuntime, code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    runtime.shutdown_resources()
-    os._exit(code)
-
-
-def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
+def auto_complete(channel: BlockingChannel, message: tuple) -> None:
     _, config_json, model_file = message
     _runtime.set_phase("auto_complete")
     try:
@@ -308,53 +299,3 @@ def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
         channel.send(("auto_ok", json.dumps(result.as_dict())))
     except BaseException as exc:  # reported as the load error
         channel.send(("auto_error", format_exception(exc)))
-
-
-def _keep_freed_buffers() -> None:
-    """Reuse freed tensor-sized buffers (as the server does, see naiad.runtime.memory.keep_freed_buffers):
-    glibc would otherwise unmap each one and page-fault a fresh one in for the next request."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
-def _yield_to_the_server() -> None:
-    """Run as SCHED_BATCH: a worker woken by a request does not preempt the server mid-loop.
-
-    When the server and its workers share a core, each request sent would otherwise switch to the
-    worker at once and back on its answer; as a batch task the worker runs when the server waits,
-    and takes every request queued by then in one go (add_sub over HTTP at c=8 on one core: ~7% more
-    requests/s, gRPC ~12%). On an idle core it runs at once as before; fairness and nice are unchanged.
-    """
-    setter = getattr(os, "sched_setscheduler", None)
-    if setter is not None and hasattr(os, "SCHED_BATCH"):
-        try:
-            setter(0, os.SCHED_BATCH, os.sched_param(0))
-        except OSError:  # not permitted in this sandbox: keep the default policy
-            pass
-
-
-def main(argv: list) -> None:
-    """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError):
-            pass
-    _keep_freed_buffers()
-    _yield_to_the_server()
-    sock = socket.socket(fileno=int(argv[0]))
-    channel = BlockingChannel(sock)
-    message = channel.receive()
-    if message[0] == "auto":
-        _auto_complete(channel, message)
-        sys.stdout.flush()
-        os._exit(0)
-    worker = Worker(channel, message[1])
-    if not worker.start():
-        _exit(worker.runtime, 1)
-    worker.serve()
-    _exit(worker.runtime, 0)

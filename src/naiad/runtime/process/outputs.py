@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from naiad.backends.python.shm import PeerBlocks
-from naiad.backends.python.tensors import unpack_one
+from naiad.runtime.process.shm import PeerBlocks
+from naiad.runtime.process.tensors import unpack_one
 
 ZERO_COPY_MIN = 64 * 1024  # smaller outputs are copied (cheaper than tracking a view)
 
