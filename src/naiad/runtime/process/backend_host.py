@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -23,7 +24,7 @@ from naiad.runtime.process.worker_runtime import exit_worker
 Outputs = dict[str, np.ndarray]
 
 
-def load_instance(init: dict) -> tuple[ModelInstance, bool]:
+def load_instance(init: dict[str, Any]) -> tuple[ModelInstance, bool]:
     """The backend's instance built from what the server sent, and whether the model batches."""
     backend = BackendRegistry().get(init["backend"])
     if backend.kind != "tensor":
@@ -59,7 +60,7 @@ class BackendHost(Worker):
         self.announce_ready({"async_execute": False, "has_is_ready": False})
         return True
 
-    def _run_batch(self, message: tuple) -> None:
+    def _run_batch(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, described, _ = message
         start = time.perf_counter_ns()
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from typing import Any
@@ -24,7 +25,7 @@ from naiad.backends.base import (
     ResponseCallback,
 )
 from naiad.config.model_config import config_to_json, datatype_name
-from naiad.protocol.errors import internal, invalid_arg
+from naiad.protocol.errors import NaiadError, internal, invalid_arg
 from naiad.runtime.memory import rss_bytes
 from naiad.runtime.process.launcher import Launch, launch_for
 from naiad.runtime.process.session import WorkerSession, WorkerStartError
@@ -42,6 +43,11 @@ MAX_RESTART_DELAY = 30.0
 PIPELINE_DEPTH = 2
 PIPELINE_MAX_DEPTH = 8
 PIPELINE_BUDGET_NS = 1_000_000
+
+
+def _settle_with_none(future: asyncio.Future[Any], _: object) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def pipeline_depth(average_execution_ns: float) -> int:
@@ -121,21 +127,21 @@ class ProcessInstance:
         self._input_types = {t.name: datatype_name(t.data_type) for t in source.config.input}
         self._serving: WorkerSession | None = None
         self._starting: WorkerSession | None = None
-        self._restarter: asyncio.Task | None = None
+        self._restarter: asyncio.Task[Any] | None = None
         self._closing = False
         self._ready_value = True
         self._ready_checked = 0.0
-        self._ready_task: asyncio.Task | None = None
+        self._ready_task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Only a lone instance under the default scheduler: with several, a queued request could wait
         # behind a long execute while another worker sits idle.
         self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
-        self._pipeline: collections.deque[asyncio.Future] = collections.deque()
+        self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._depth = PIPELINE_DEPTH
         self._execution_ns = 0.0  # moving average of the worker's execution time
-        self._unstarted: list[tuple] = []  # queued at a worker that died before running them
-        self._unfinished: asyncio.Future | None = None  # a batch whose caller was cancelled mid-execute
+        self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
+        self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
 
     # ------------------------------------------------------------ worker management
 
@@ -206,13 +212,13 @@ class ProcessInstance:
                     raise internal(f"Stub process '{self.name}' is not healthy.")
                 done = session.submit(requests, respond)
             except Exception as exc:  # no worker, or sending failed: answer like execute_requests does
-                error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+                error = exc if isinstance(exc, NaiadError) else internal(f"unable to send requests to '{self.name}': {exc}")
                 for index in range(len(requests)):
                     respond(index, BackendResponse(None, error=error, final=True))
                 if not future.done():
                     future.set_result(None)
                 continue
-            done.add_done_callback(lambda _, future=future: future.done() or future.set_result(None))
+            done.add_done_callback(functools.partial(_settle_with_none, future))
 
     @property
     def pid(self) -> int:
@@ -231,7 +237,7 @@ class ProcessInstance:
         try:
             done = session.submit(requests, respond)
         except Exception as exc:  # packing or sending failed: nothing reached the worker
-            error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+            error = exc if isinstance(exc, NaiadError) else internal(f"unable to send requests to '{self.name}': {exc}")
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
             return None
@@ -257,7 +263,7 @@ class ProcessInstance:
             self._settle(pipeline)
         return done
 
-    def _settle(self, pipeline: collections.deque[asyncio.Future]) -> None:
+    def _settle(self, pipeline: collections.deque[asyncio.Future[Any]]) -> None:
         """Drop finished batches from the pipeline; their execution times set its depth."""
         while pipeline and pipeline[0].done():
             finished = pipeline.popleft()
@@ -275,7 +281,7 @@ class ProcessInstance:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
         return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0)
 
-    def take_unfinished(self) -> asyncio.Future | None:
+    def take_unfinished(self) -> asyncio.Future[Any] | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""
         unfinished, self._unfinished = self._unfinished, None
         return unfinished

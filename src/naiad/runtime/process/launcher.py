@@ -124,7 +124,7 @@ def launch_for(config: mc.ModelConfig, model_dir: Path) -> Launch:
         raise ConfigError(f"unable to prepare the Python environment of model '{config.name}': {exc}") from None
 
 
-def spawn(launch: Launch) -> tuple[subprocess.Popen, socket.socket]:
+def spawn(launch: Launch) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start one worker (own session: terminal signals go to the server only); returns it and our socket end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     naiad_dir, pb_dir = package_directories()

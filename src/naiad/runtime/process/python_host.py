@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Awaitable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
@@ -38,7 +39,7 @@ def format_exception(exc: BaseException) -> str:
     while tb.tb_next is not None:
         tb = tb.tb_next
     lines = []
-    frame = tb.tb_frame
+    frame: types.FrameType | None = tb.tb_frame
     while frame is not None:
         filename = frame.f_code.co_filename
         if os.path.dirname(os.path.abspath(filename)) == _PACKAGE_DIR:
@@ -78,10 +79,15 @@ def import_model(model_file: str) -> Any:
     return module.TritonPythonModel
 
 
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """A coroutine of any awaitable the model returns (what asyncio's thread-safe runners take)."""
+    return await awaitable
+
+
 class Worker:
     """Runs one model instance: batches from the server, responses back, BLS through the runtime."""
 
-    def __init__(self, channel: BlockingChannel, init: dict) -> None:
+    def __init__(self, channel: BlockingChannel, init: dict[str, Any]) -> None:
         self.channel = channel
         self.init = init
         self.runtime = WorkerRuntime(channel, init["prefix"], init["decoupled"], init["model_name"],
@@ -91,6 +97,11 @@ class Worker:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.async_execute = False
         self.instance_name = init["args"]["model_instance_name"]
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self.loop is not None, "only async models run an event loop"
+        return self.loop
 
     # ------------------------------------------------------------ start-up
 
@@ -110,7 +121,7 @@ class Worker:
             if initialize is not None:
                 result = initialize(dict(self.init["args"]))
                 if inspect.isawaitable(result):
-                    self.loop.run_until_complete(result)
+                    self._loop.run_until_complete(_awaited(result))
         except BaseException as exc:  # any failure of the model's import or initialize fails the load
             self.channel.send(("init_error", format_exception(exc)))
             return False
@@ -119,7 +130,7 @@ class Worker:
                              "has_is_ready": callable(getattr(self.model, "is_ready", None))})
         return True
 
-    def announce_ready(self, info: dict) -> None:
+    def announce_ready(self, info: dict[str, Any]) -> None:
         """Map the server's first block, make our own, and tell the server the instance is ready."""
         prewarmed = None
         try:
@@ -132,20 +143,20 @@ class Worker:
 
     # ------------------------------------------------------------ messages handled off the main thread
 
-    def _on_health(self, message: tuple) -> None:
+    def _on_health(self, message: tuple[Any, ...]) -> None:
         threading.Thread(target=self._check_ready, args=(message[1],), daemon=True).start()
 
-    def _on_async_batch(self, message: tuple) -> None:
-        self.loop.call_soon_threadsafe(self._start_async_batch, message)
+    def _on_async_batch(self, message: tuple[Any, ...]) -> None:
+        self._loop.call_soon_threadsafe(self._start_async_batch, message)
 
     def _check_ready(self, call_id: int) -> None:
         try:
             result = self.model.is_ready()
             if inspect.isawaitable(result):
                 if self.loop is not None and self.loop.is_running():
-                    result = asyncio.run_coroutine_threadsafe(result, self.loop).result(5)
+                    result = asyncio.run_coroutine_threadsafe(_awaited(result), self.loop).result(5)
                 else:
-                    result = asyncio.run(result)
+                    result = asyncio.run(_awaited(result))
             ready = bool(result)
         except BaseException:  # a failing is_ready means not ready
             ready = False
@@ -153,7 +164,7 @@ class Worker:
 
     # ------------------------------------------------------------ batches
 
-    def _requests(self, message: tuple) -> list:
+    def _requests(self, message: tuple[Any, ...]) -> list[Any]:
         _, batch_id, block, described, _ = message
         view = self.runtime.peers.view(block) if block else None
         requests = []
@@ -164,11 +175,11 @@ class Worker:
                 timeout, self.runtime.model_name, self.runtime.model_version))
         return requests
 
-    def _failure(self, exc: BaseException) -> tuple:
+    def _failure(self, exc: BaseException) -> tuple[Any, ...]:
         text = f"Failed to process the request(s) for model '{self.instance_name}', message: {format_exception(exc)}"
         return (text, "INTERNAL")
 
-    def _finish(self, batch_id: int, requests: list, result: Any, timing: tuple[int, int]) -> None:
+    def _finish(self, batch_id: int, requests: list[Any], result: Any, timing: tuple[int, int]) -> None:
         """Send the batch's "done" message: responses of a default-mode model, or just completion.
 
         Its fields after the responses: the error, the requests released with
@@ -189,7 +200,8 @@ class Worker:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
         rescheduled = _rescheduled(requests)
-        groups, extras = [], []
+        groups: list[list[tuple[str, str, Any]]] = []
+        extras: list[tuple[bool | None, Any, tuple[str, str] | None]] = []
         for index, (request, response) in enumerate(zip(requests, result)):
             if index in rescheduled:
                 if response is not None:
@@ -216,7 +228,7 @@ class Worker:
         responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
         self.channel.send(("d", batch_id, block, responses, None, rescheduled, timing))
 
-    def _run_batch(self, message: tuple) -> None:
+    def _run_batch(self, message: tuple[Any, ...]) -> None:
         batch_id = message[1]
         start = time.perf_counter_ns()
         try:
@@ -226,10 +238,10 @@ class Worker:
         except BaseException as exc:  # the whole batch fails with the exception's text
             self.channel.send(("d", batch_id, None, None, self._failure(exc), (), (start, time.perf_counter_ns())))
 
-    def _start_async_batch(self, message: tuple) -> None:
-        self.loop.create_task(self._run_async_batch(message))
+    def _start_async_batch(self, message: tuple[Any, ...]) -> None:
+        self._loop.create_task(self._run_async_batch(message))
 
-    async def _run_async_batch(self, message: tuple) -> None:
+    async def _run_async_batch(self, message: tuple[Any, ...]) -> None:
         batch_id = message[1]
         start = time.perf_counter_ns()
         try:
@@ -246,7 +258,7 @@ class Worker:
             # Batches run as tasks on this thread's loop; another thread reads and waits for "f".
             self.runtime.on_async_batch = self._on_async_batch
             threading.Thread(target=self._command_loop, name="naiad-worker-commands", daemon=True).start()
-            self.loop.run_forever()
+            self._loop.run_forever()
             return
         self.runtime.inbox.start_helper()
         self._command_loop()
@@ -269,22 +281,22 @@ class Worker:
                 result = finalize()
                 if inspect.isawaitable(result):
                     if self.loop is not None and self.loop.is_running():
-                        asyncio.run_coroutine_threadsafe(result, self.loop).result()
+                        asyncio.run_coroutine_threadsafe(_awaited(result), self.loop).result()
                     else:
-                        asyncio.new_event_loop().run_until_complete(result)
+                        asyncio.new_event_loop().run_until_complete(_awaited(result))
         except BaseException as exc:  # finalize errors are logged, the worker still ends
             self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
         self.channel.send(("F",))
         exit_worker(self.runtime, 0)
 
 
-def _rescheduled(requests: list) -> tuple:
+def _rescheduled(requests: list[Any]) -> tuple[Any, ...]:
     """Indices of the requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
     flag = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
     return tuple(i for i, request in enumerate(requests) if request.release_flags() == flag)
 
 
-def auto_complete(channel: BlockingChannel, message: tuple) -> None:
+def auto_complete(channel: BlockingChannel, message: tuple[Any, ...]) -> None:
     _, config_json, model_file = message
     _runtime.set_phase("auto_complete")
     try:

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
+import io
 import os
 import socket
 import sys
+from typing import TYPE_CHECKING, Any
 
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.worker_runtime import exit_worker
+
+if TYPE_CHECKING:
+    from naiad.runtime.process.python_host import Worker
 
 
 def _keep_freed_buffers() -> None:
@@ -39,13 +45,12 @@ def _yield_to_the_server() -> None:
             pass
 
 
-def main(argv: list) -> None:
+def main(argv: list[Any]) -> None:
     """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
     for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError):
-            pass
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError):
+                stream.reconfigure(line_buffering=True)
     _keep_freed_buffers()
     _yield_to_the_server()
     sock = socket.socket(fileno=int(argv[0]))
@@ -58,11 +63,15 @@ def main(argv: list) -> None:
         sys.stdout.flush()
         os._exit(0)
     init = message[1]
-    if init.get("host") == "backend":  # imported lazily: a worker loads only what its host needs
-        from naiad.runtime.process.backend_host import BackendHost as Host
+    # Imported here: a worker loads only what its host needs (a Python model never imports a backend).
+    if init.get("host") == "backend":
+        from naiad.runtime.process.backend_host import BackendHost
+
+        worker: Worker = BackendHost(channel, init)
     else:
-        from naiad.runtime.process.python_host import Worker as Host
-    worker = Host(channel, init)
+        from naiad.runtime.process.python_host import Worker as PythonModelHost
+
+        worker = PythonModelHost(channel, init)
     if not worker.start():
         exit_worker(worker.runtime, 1)
     worker.serve()
