@@ -225,7 +225,7 @@ class ModelLifecycle:
         failures = []
         for result in results:
             if isinstance(result, BaseException):
-                failures.append(getattr(result, "message", str(result)))
+                failures.append(result.message if isinstance(result, NaiadError) else str(result))
         return failures
 
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None) -> None:

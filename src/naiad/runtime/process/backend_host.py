@@ -39,6 +39,40 @@ def load_instance(init: dict[str, Any]) -> tuple[ModelInstance, bool]:
     return backend.create_instance(source, InstanceSpec(name, group, kind, device_id)), config.max_batch_size > 0
 
 
+def _rows(inputs: Outputs, batching: bool) -> int:
+    """A request's batch size: dim 0 of its inputs for a batching model, else 1."""
+    if not batching or not inputs:
+        return 1
+    return int(next(iter(inputs.values())).shape[0])
+
+
+def _checked(outputs: Outputs, names: list[str], instance: ModelInstance) -> Outputs:
+    missing = [n for n in names if n not in outputs]
+    if missing:
+        raise ValueError(f"model instance '{instance.name}' did not produce outputs {missing}")
+    return outputs
+
+
+def execute_batch(instance: ModelInstance, inputs: list[Outputs], requested: list[list[str]], batching: bool) -> list[Outputs]:
+    """Outputs of each request: one execution of all of them concatenated (a batching model), else one each."""
+    if len(inputs) == 1 or not batching:
+        return [_checked(instance.execute(ExecutionBatch(i, names, _rows(i, batching))), names, instance)
+                for i, names in zip(inputs, requested)]
+    sizes = [_rows(i, batching) for i in inputs]
+    total = sum(sizes)
+    names = list(dict.fromkeys(n for r in requested for n in r))
+    joined = {name: np.concatenate([i[name] for i in inputs]) for name in inputs[0]}
+    outputs = _checked(instance.execute(ExecutionBatch(joined, names, total)), names, instance)
+    for name in names:
+        if outputs[name].shape[:1] != (total,):
+            raise ValueError(f"output '{name}' of a batch of {total} has shape {list(outputs[name].shape)}")
+    results, offset = [], 0
+    for size, wanted in zip(sizes, requested):
+        results.append({n: outputs[n][offset:offset + size] for n in wanted})
+        offset += size
+    return results
+
+
 def _error(exc: BaseException) -> tuple[str, str]:
     if isinstance(exc, NaiadError):
         return exc.message, exc.code.name
@@ -67,44 +101,14 @@ class BackendHost(Worker):
             view = self.runtime.peers.view(block) if block else None
             inputs = [{meta[0]: unpack_one(view, meta, copy=False) for meta in d[6]} for d in described]
             requested = [list(d[5]) for d in described]
-            results = self._execute(inputs, requested)
+            assert self.instance is not None
+            results = execute_batch(self.instance, inputs, requested, self.batching)
             groups = [[(n, datatype_of(a), a) for n, a in out.items() if n in names] for out, names in zip(results, requested)]
             out_block, metas = pack(self.runtime.pool, groups)
             responses = [(meta, None, None) for meta in metas]
             self.channel.send(("d", batch_id, out_block, responses, None, (), (start, time.perf_counter_ns())))
         except BaseException as exc:  # the whole batch fails with the error, as on a thread
             self.channel.send(("d", batch_id, None, None, _error(exc), (), (start, time.perf_counter_ns())))
-
-    def _execute(self, inputs: list[Outputs], requested: list[list[str]]) -> list[Outputs]:
-        assert self.instance is not None
-        if len(inputs) == 1 or not self.batching:
-            return [self._checked(self.instance.execute(ExecutionBatch(i, names, self._rows(i))), names)
-                    for i, names in zip(inputs, requested)]
-        sizes = [self._rows(i) for i in inputs]
-        total = sum(sizes)
-        names = list(dict.fromkeys(n for r in requested for n in r))
-        joined = {name: np.concatenate([i[name] for i in inputs]) for name in inputs[0]}
-        outputs = self._checked(self.instance.execute(ExecutionBatch(joined, names, total)), names)
-        for name in names:
-            if outputs[name].shape[:1] != (total,):
-                raise ValueError(f"output '{name}' of a batch of {total} has shape {list(outputs[name].shape)}")
-        results, offset = [], 0
-        for size, wanted in zip(sizes, requested):
-            results.append({n: outputs[n][offset:offset + size] for n in wanted})
-            offset += size
-        return results
-
-    def _rows(self, inputs: Outputs) -> int:
-        """A request's batch size: dim 0 of its inputs for a batching model, else 1."""
-        if not self.batching or not inputs:
-            return 1
-        return int(next(iter(inputs.values())).shape[0])
-
-    def _checked(self, outputs: Outputs, names: list[str]) -> Outputs:
-        missing = [n for n in names if n not in outputs]
-        if missing:
-            raise ValueError(f"model instance '{self.instance_name}' did not produce outputs {missing}")
-        return outputs
 
     def _finalize(self) -> None:
         try:
