@@ -17,7 +17,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelInstance, ModelSource
 from naiad.backends.registry import BackendRegistry
 from naiad.protocol.errors import NaiadError
-from naiad.runtime.process.python_host import Worker
+from naiad.runtime.process.host import WorkerHost
 from naiad.runtime.process.tensors import datatype_of, pack, unpack_one
 from naiad.runtime.process.worker_runtime import exit_worker
 
@@ -79,8 +79,8 @@ def _error(exc: BaseException) -> tuple[str, str]:
     return str(exc) or type(exc).__name__, "INTERNAL"
 
 
-class BackendHost(Worker):
-    """The worker main loop of Worker, with a backend's ModelInstance in place of a Python model."""
+class BackendHost(WorkerHost):
+    """A tensor backend's ModelInstance, built in the worker from what the server sent."""
 
     instance: ModelInstance | None = None
     batching = False

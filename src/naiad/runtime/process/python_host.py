@@ -17,8 +17,9 @@ from typing import Any
 
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
+from naiad.runtime.process.host import WorkerHost
 from naiad.runtime.process.tensors import pack, unpack_one
-from naiad.runtime.process.worker_runtime import WorkerRuntime, error_tuple, exit_worker
+from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -84,19 +85,15 @@ async def _awaited(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
 
 
-class Worker:
-    """Runs one model instance: batches from the server, responses back, BLS through the runtime."""
+class PythonModelHost(WorkerHost):
+    """Runs one Python model instance: batches from the server, responses back, BLS through the runtime."""
 
     def __init__(self, channel: BlockingChannel, init: dict[str, Any]) -> None:
-        self.channel = channel
-        self.init = init
-        self.runtime = WorkerRuntime(channel, init["prefix"], init["decoupled"], init["model_name"],
-                                     init["model_version"], init.get("log_verbose", 0), init.get("shm_sizes"))
+        super().__init__(channel, init)
         self.runtime.on_health = self._on_health
         self.model: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.async_execute = False
-        self.instance_name = init["args"]["model_instance_name"]
 
     @property
     def _loop(self) -> asyncio.AbstractEventLoop:
@@ -129,17 +126,6 @@ class Worker:
         self.announce_ready({"async_execute": self.async_execute,
                              "has_is_ready": callable(getattr(self.model, "is_ready", None))})
         return True
-
-    def announce_ready(self, info: dict[str, Any]) -> None:
-        """Map the server's first block, make our own, and tell the server the instance is ready."""
-        prewarmed = None
-        try:
-            if self.init.get("prewarmed"):
-                self.runtime.peers.view(self.init["prewarmed"])
-            prewarmed = self.runtime.pool.prewarm()
-        except OSError:  # no room in /dev/shm now: blocks are created on demand (and fail there, per request)
-            pass
-        self.channel.send(("ready", {**info, "prewarmed": prewarmed}))
 
     # ------------------------------------------------------------ messages handled off the main thread
 
@@ -260,18 +246,7 @@ class Worker:
             threading.Thread(target=self._command_loop, name="naiad-worker-commands", daemon=True).start()
             self._loop.run_forever()
             return
-        self.runtime.inbox.start_helper()
-        self._command_loop()
-
-    def _command_loop(self) -> None:
-        while True:
-            message = self.runtime.inbox.next_command()
-            kind = message[0]
-            if kind == "x":
-                self._run_batch(message)
-            elif kind == "f":
-                self._finalize()
-                return
+        super().serve()
 
     def _finalize(self) -> None:
         _runtime.set_phase("finalize")

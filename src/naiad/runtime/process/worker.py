@@ -15,7 +15,7 @@ from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.worker_runtime import exit_worker
 
 if TYPE_CHECKING:
-    from naiad.runtime.process.python_host import Worker
+    from naiad.runtime.process.host import WorkerHost
 
 
 def _keep_freed_buffers() -> None:
@@ -67,9 +67,9 @@ def main(argv: list[Any]) -> None:
     if init.get("host") == "backend":
         from naiad.runtime.process.backend_host import BackendHost
 
-        worker: Worker = BackendHost(channel, init)
+        worker: WorkerHost = BackendHost(channel, init)
     else:
-        from naiad.runtime.process.python_host import Worker as PythonModelHost
+        from naiad.runtime.process.python_host import PythonModelHost
 
         worker = PythonModelHost(channel, init)
     if not worker.start():
