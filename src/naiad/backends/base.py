@@ -116,6 +116,10 @@ ExecutionTiming = tuple[int, int]
 ExecutionOutcome = ExecutionTiming | asyncio.Future | None
 
 
+# A tokenizer's chat template: (messages, add_generation_prompt) -> prompt.
+ChatTemplate = Callable[[list[dict[str, Any]], bool], str]
+
+
 class Instance(Protocol):
     """What an InstancePool hands out: schedulers, health, memory accounting and unload use only this.
 
@@ -146,6 +150,10 @@ class Instance(Protocol):
 
     def memory_bytes(self) -> int:
         """Memory the instance holds outside the server process (its worker's RSS); 0 for most."""
+        ...
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The tokenizer's chat template of an LLM instance (OpenAI chat completions); None for others."""
         ...
 
     def healthy(self) -> bool: ...
@@ -181,6 +189,9 @@ class InProcessRequestInstance:
 
     def memory_bytes(self) -> int:
         return 0
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None
 
 
 # What a backend's create_instance returns: a tensor instance or a request-level one.

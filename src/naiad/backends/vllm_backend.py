@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
     InProcessRequestInstance,
     InstanceSpec,
     ModelSource,
@@ -314,6 +315,9 @@ class VllmInstance(InProcessRequestInstance):
 
     def healthy(self) -> bool:
         return self.adapter.healthy()
+
+    def chat_template(self) -> ChatTemplate:
+        return self.apply_chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         tokenizer = self.adapter.tokenizer

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.backends.base import ExecutionBatch, ModelInstance, RequestModelInstance
+from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, RequestModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
 # Executions shorter than this run inline on the event loop: a thread hand-off costs more
@@ -83,6 +83,9 @@ class ThreadInstance:
 
     def memory_bytes(self) -> int:
         return 0  # the model lives in the server process, measured with it
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None
 
     def healthy(self) -> bool:
         return True

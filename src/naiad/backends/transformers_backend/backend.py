@@ -14,6 +14,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
     InProcessRequestInstance,
     InstanceSpec,
     ModelSource,
@@ -179,6 +180,9 @@ class TransformersInstance(InProcessRequestInstance):
 
     def _families(self):
         return families([(self._labels, self.engine.stats)])
+
+    def chat_template(self) -> ChatTemplate:
+        return self.apply_chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt the tokenizer's chat template makes of OpenAI-style messages."""

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
     ExecutionOutcome,
     InstanceSpec,
     ModelSource,
@@ -271,6 +272,9 @@ class ProcessInstance:
             if timing is not None:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
                 self._depth = pipeline_depth(self._execution_ns)
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None  # model.py has no tokenizer the server could ask
 
     def memory_bytes(self) -> int:
         """The worker's resident memory: the model lives there, not in the server."""
