@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import pickle
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from naiad.frontends.sockets import bind_shared_sockets
+from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
 from naiad.frontends.workers.codec import (
     request_from_wire,
@@ -18,6 +20,7 @@ from naiad.frontends.workers.codec import (
     response_from_wire,
     response_to_wire,
 )
+from naiad.frontends.workers.dispatcher import Dispatcher
 from naiad.protocol.types import (
     InferenceRequest,
     InferenceResponse,
@@ -111,3 +114,41 @@ def test_a_worker_process_loads_no_model_machinery() -> None:
              "['naiad', 'backends'], ['naiad', 'runtime']) or m in ('onnxruntime', 'torch')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+class _Sent:
+    """Stands in for the core's end of a channel: keeps what the dispatcher sends, as the worker would read it."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] = []
+
+    def send(self, message: tuple) -> None:
+        self.messages.append(pickle.loads(encode_frame(message)[4:]))
+
+
+def test_a_relayed_request_streams_the_core_apps_messages_then_done() -> None:
+    async def app(scope, receive, send) -> None:
+        request = await receive()
+        assert scope["path"] == "/v2/x" and request["body"] == b"in"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"3")]})
+        await send({"type": "http.response.body", "body": memoryview(b"out"), "more_body": False})
+
+    async def failing_app(scope, receive, send) -> None:
+        raise RuntimeError("a bug")
+
+    async def scenario() -> tuple[list[tuple], list[tuple]]:
+        results = []
+        for handler in (app, failing_app):
+            dispatcher = Dispatcher(None, handler, None)  # type: ignore[arg-type]
+            sent = _Sent()
+            dispatcher.channel = sent  # type: ignore[assignment]
+            dispatcher.on_message((wire.RELAY, 7, {"type": "http", "path": "/v2/x", "headers": []}, b"in"))
+            while not sent.messages or sent.messages[-1][0] != wire.DONE:
+                await asyncio.sleep(0.01)
+            results.append(sent.messages)
+        return results[0], results[1]
+
+    answered, failed = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [m[0] for m in answered] == [wire.ASGI, wire.ASGI, wire.DONE]
+    assert answered[1][2]["body"] == b"out"  # a memoryview body is sent as bytes
+    assert failed == [(wire.DONE, 7)]  # the worker answers 503 when the core's app sent nothing
