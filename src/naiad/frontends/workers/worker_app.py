@@ -1,9 +1,10 @@
 """The HTTP/REST application of a frontend worker: infer is decoded and encoded here, the rest is relayed.
 
 A POST infer whose body decodes cleanly (JSON, binary tensors, shared-memory references, which the
-core reads; not a raw binary body) becomes an InferenceRequest sent to the core; its response is encoded here. Every
-other request, and any infer body this process cannot decode alone, is relayed whole to the core's
-own HTTP application: error answers and their precedence stay exactly the single server's.
+core reads; not a raw binary body) becomes an InferenceRequest sent to the core; its response is
+encoded here. Every other request, any infer body this process cannot decode alone, and every
+request when --http-restricted-api is set (the core's guard decides), is relayed whole to the
+core's own HTTP application: answers and the precedence of errors stay exactly the single server's.
 """
 
 from __future__ import annotations
