@@ -74,7 +74,7 @@ async def _core(repo: Path) -> None:
         os._exit(0)
     theirs.close()
     _pin(0)
-    dispatcher = Dispatcher(server, None, None)  # type: ignore[arg-type]  (no relays, no readiness here)
+    dispatcher = Dispatcher(server.inference, None, None)  # type: ignore[arg-type]  (no relays, no readiness here)
     seen = 0
     start = [0.0, 0.0]
 
