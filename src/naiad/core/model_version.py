@@ -6,18 +6,18 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendInstance, RequestModelInstance, ServerServices
+from naiad.backends.base import ChatTemplate, ServerServices
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
-from naiad.runtime.thread_instance import InstancePool, PoolInstance, ThreadInstance
+from naiad.runtime.thread_instance import InstancePool, PoolInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
@@ -62,19 +62,21 @@ def _first_response_buckets(config: mc.ModelConfig) -> tuple[float, ...]:
     return DEFAULT_FIRST_RESPONSE_BUCKETS_MS
 
 
-def _pooled(instance: BackendInstance) -> PoolInstance:
-    """Request-level instances run as they are; tensor instances get the thread they execute on."""
-    if hasattr(instance, "execute_requests"):  # the one method tensor instances lack
-        return cast(RequestModelInstance, instance)
-    return ThreadInstance(instance)
+def _chat_template(instances: Sequence[PoolInstance]) -> ChatTemplate | None:
+    """The first instance's chat template, offered by the LLM backends (transformers, vLLM)."""
+    for instance in instances:
+        template = instance.chat_template()
+        if template is not None:
+            return template
+    return None
 
 
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
-        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[BackendInstance], services: ServerServices | None = None,
-        rate_limiter: RateLimiter | None = None,
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[PoolInstance], services: ServerServices | None = None,
+        rate_limiter: RateLimiter | None = None, summary_quantiles: tuple[tuple[float, float], ...] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -96,9 +98,10 @@ class ModelVersion:
         self._model_dir = model_dir
         self.memory_bytes = 0  # measured at load time
         self.stats = ModelStatistics(
-            self.name, self.version_str, _first_response_buckets(config), getattr(services, "summary_quantiles", None)
+            self.name, self.version_str, _first_response_buckets(config), summary_quantiles
         )
-        pooled = [_pooled(i) for i in instances]
+        self._chat_template = _chat_template(instances)  # found once, at load
+        pooled = list(instances)
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
             self.pool: InstancePool = rate_limiter.pool(pooled, limits)
@@ -124,3 +127,9 @@ class ModelVersion:
 
     def healthy(self) -> bool:
         return self.pool.healthy()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
+        """The prompt the model's tokenizer template makes of `messages`; None when it has no template."""
+        if self._chat_template is None:
+            return None
+        return self._chat_template(messages, add_generation_prompt)
