@@ -493,6 +493,35 @@ def test_reading_stops_while_the_client_does_not_read(loop: asyncio.AbstractEven
     conn.connection_lost(None)
 
 
+def test_pings_and_window_updates_of_a_busy_client_are_not_a_flood(loop: asyncio.AbstractEventLoop) -> None:
+    """A client making many calls sends PINGs and WINDOW_UPDATEs with them (as gRPC C-core does): far
+    past the control-frame burst in no time, and still no GOAWAY."""
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return request
+
+    async def scenario() -> list[tuple[int, int, int, bytes]]:
+        server = H2GrpcServer(max_concurrent_streams=100)
+        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(echo)})
+        conn, transport = H2Connection(server), FakeTransport()
+        conn.connection_made(transport)
+        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+            ("content-type", "application/grpc")))
+        conn.data_received(w.PREFACE + w.settings_frame({}))
+        for sid in range(1, 2 * lim.CHEAP_FRAME_BURST, 2):
+            conn.data_received(w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0" * 5)
+                               + w.frame(w.PING, 0, 0, b"12345678") + w.window_update(0, 5) + w.window_update(0, 5))
+            await asyncio.sleep(0)
+        frames = _frames(bytes(transport.out))
+        conn.connection_lost(None)
+        return frames
+
+    frames = loop.run_until_complete(scenario())
+    assert not [f for f in frames if f[0] == w.GOAWAY]
+    assert sum(1 for f in frames if f[0] == w.HEADERS and f[1] & w.END_STREAM) == lim.CHEAP_FRAME_BURST
+
+
 def test_answers_waiting_for_window_hold_off_reading(loop: asyncio.AbstractEventLoop) -> None:
     """A client that gives no window for answers: once STALLED_STREAMS of them wait, the connection is
     read only a turn per STALL_PAUSE, so it cannot keep the server running calls whose answers it will

@@ -437,6 +437,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if not self._draining:
                 self._spend_reset()
             return
+        self._cheap.give(lim.CHEAP_FRAMES_PER_CALL)  # a busy client's pings and window updates are not a flood
         self._open_call(sid, head, end_stream)
 
     def _on_data(self, flags: int, sid: int, payload: bytes) -> None:

@@ -18,6 +18,9 @@ RESET_RATE = 200.0  # per second
 # the previous one, RST_STREAM of closed streams.
 CHEAP_FRAME_BURST = 2000
 CHEAP_FRAME_RATE = 1000.0  # per second
+# Each call the client opens adds this many (up to the burst): gRPC C-core clients send a PING (BDP
+# probe) and WINDOW_UPDATEs for every few answers, thousands a second under load.
+CHEAP_FRAMES_PER_CALL = 8
 
 # Fairness: one connection handles at most this many frames (or bytes) per event-loop turn, then
 # pauses reading and goes on in a later turn, after the other connections had theirs.
@@ -82,6 +85,9 @@ class TokenBucket:
             return False
         self._tokens = tokens - 1.0
         return True
+
+    def give(self, tokens: float) -> None:
+        self._tokens = min(self._burst, self._tokens + tokens)
 
     def wait(self) -> float:
         """Seconds from the last `take()` until a token is there again."""
