@@ -174,9 +174,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, metavar="PORT",
                         help="gRPC port (inference.GRPCInferenceService); 0 picks a free port")
     parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=d.grpc_server_impl,
-                        help="gRPC server implementation: Naiad's own HTTP/2 server (default; about twice grpcio's calls per second, with the "
-                        "defences against the attacks listed in docs/security.md: rapid reset, frame floods, unread "
-                        "writes, compression bombs) or grpcio's grpc.aio (gRPC C-core, as Triton)")
+                        help="gRPC server implementation: Naiad's own HTTP/2 server (default; about twice "
+                        "grpcio's calls per second, with the defences against the attacks listed in "
+                        "docs/security.md: rapid reset, frame floods, unread writes, compression bombs) or "
+                        "grpcio's grpc.aio (gRPC C-core, as Triton)")
     parser.add_argument("--grpc-incomplete-request-timeout-secs", type=parse_positive_secs,
                         default=d.grpc_incomplete_request_timeout_secs, metavar="SECS",
                         help="reset a gRPC call whose request stops arriving half-way for this long (and close a "
