@@ -22,9 +22,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.grpc.server import server_credentials
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.listener import tls_options
-from naiad.frontends.grpc.server import server_credentials
 from naiad.frontends.sockets import bind_shared_sockets, reserve_port
 from naiad.frontends.workers.channel import Channel, encode_frame
 from naiad.frontends.workers.dispatcher import Dispatcher
@@ -154,8 +154,8 @@ class WorkerPool:
             worker.forget()
             if self._stopping:
                 return
-            log.warning("frontend worker %d (pid %d) exited with code %s; starting it again",
-                        worker.index, worker.process.pid, code)
+            log.warning("%s frontend worker %d (pid %d) exited with code %s; starting it again",
+                        self.label, worker.index, worker.process.pid, code)
             if time.monotonic() - worker.started_at < RESTART_BACKOFF_SECS:
                 await asyncio.sleep(RESTART_BACKOFF_SECS)
             try:
@@ -164,7 +164,7 @@ class WorkerPool:
             except OSError as exc:
                 log.error("%s", exc)
             else:
-                log.info("frontend worker %d started again (pid %d)", worker.index, worker.process.pid)
+                log.info("%s frontend worker %d started again (pid %d)", self.label, worker.index, worker.process.pid)
 
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""

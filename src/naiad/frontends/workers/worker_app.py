@@ -18,8 +18,8 @@ from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, dec
 from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
-from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
