@@ -16,11 +16,14 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model, identity_model
@@ -402,3 +405,21 @@ def test_grpc_client_gone_cancels_its_request_in_the_core(server: RunningServer)
                "the cancelled request to be counted", timeout=30)
     assert metric(server, "nv_inference_pending_request_count", "queued_grpc") == 0
     assert metric(server, "nv_inference_request_success", "queued_grpc") == 0
+
+
+def test_grpc_stream_messages_sent_at_once_are_all_answered(server: RunningServer) -> None:
+    """The request messages of a stream reach the core in the same read as its start: none is lost."""
+    def request(request_id: str, value: int) -> pb.ModelInferRequest:
+        message = pb.ModelInferRequest(model_name="add_sub", id=request_id,
+                                       raw_input_contents=[np.full(4, value, "<i4").tobytes()] * 2)
+        for name in ("INPUT0", "INPUT1"):
+            message.inputs.add(name=name, datatype="INT32", shape=[1, 4])
+        return message
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelStreamInfer(iter([request(f"s{n}-{i}", i) for i in range(5)])) for n in range(4)]
+        for n, stream in enumerate(calls):
+            responses = list(stream)
+            assert [r.infer_response.id for r in responses] == [f"s{n}-{i}" for i in range(5)]
+            assert not any(r.error_message for r in responses)

@@ -56,18 +56,17 @@ class Dispatcher:
             if queue is not None:
                 queue.put_nowait(message[2] if kind == wire.GRPC_MESSAGE else None)
         elif kind == wire.GRPC_CALL:
-            self._start(message[1], self._grpc_call(message[1], message[2], message[3], message[4]))
+            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+            if message[4] is None:  # a stream: its messages may be in this very read, before the task runs
+                self.streams[message[1]] = queue
+            self._start(message[1], self._grpc_call(message[1], message[2], message[3], message[4], queue))
         elif kind == wire.READY:
             self.on_ready(message[1])
         else:
             log.error("frontend worker sent an unknown message kind %r", kind)
 
     async def _grpc_call(self, request_id: int, method: str, metadata: tuple[tuple[str, Any], ...],
-                         request: bytes | None) -> None:
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        if request is None:
-            self.streams[request_id] = queue
-
+                         request: bytes | None, queue: asyncio.Queue[bytes | None]) -> None:
         async def requests() -> AsyncIterator[bytes]:
             while (raw := await queue.get()) is not None:
                 yield raw
