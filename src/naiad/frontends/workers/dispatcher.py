@@ -52,14 +52,14 @@ class Dispatcher:
         elif kind == wire.RELAY:
             self._start(message[1], self._relay(message[1], message[2], message[3]))
         elif kind == wire.GRPC_MESSAGE or kind == wire.GRPC_HALF_CLOSE:
-            queue = self.streams.get(message[1])
-            if queue is not None:
-                queue.put_nowait(message[2] if kind == wire.GRPC_MESSAGE else None)
+            stream = self.streams.get(message[1])
+            if stream is not None:
+                stream.put_nowait(message[2] if kind == wire.GRPC_MESSAGE else None)
         elif kind == wire.GRPC_CALL:
-            queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+            requests: asyncio.Queue[bytes | None] = asyncio.Queue()
             if message[4] is None:  # a stream: its messages may be in this very read, before the task runs
-                self.streams[message[1]] = queue
-            self._start(message[1], self._grpc_call(message[1], message[2], message[3], message[4], queue))
+                self.streams[message[1]] = requests
+            self._start(message[1], self._grpc_call(message[1], message[2], message[3], message[4], requests))
         elif kind == wire.READY:
             self.on_ready(message[1])
         else:

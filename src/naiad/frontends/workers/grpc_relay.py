@@ -77,7 +77,7 @@ class GrpcCalls:
     def _handler(self, method: str, metadata: Sequence[tuple[str, Any]]) -> grpc.RpcMethodHandler | None:
         details = _CallDetails(method, metadata)
         for generic in self._generic:
-            handler = generic.service(details)  # type: ignore[arg-type]
+            handler = generic.service(details)
             if handler is not None:
                 return handler
         return None

@@ -76,7 +76,7 @@ class WorkerHandlers(grpc.GenericRpcHandler):
         self._handlers[check] = grpc.unary_unary_rpc_method_handler(self._unary(check), _raw, _raw)
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        return self._handlers.get(handler_call_details.method)  # type: ignore[attr-defined]
+        return self._handlers.get(handler_call_details.method)
 
     def _unary(self, path: str) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
         async def relay(request: Any, context: grpc.aio.ServicerContext) -> bytes:
