@@ -33,6 +33,7 @@ class CoreClient:
         self._ids = itertools.count(1)
         self._results: dict[int, asyncio.Future[Any]] = {}
         self._relays: dict[int, asyncio.Queue[Any]] = {}
+        self._windows: dict[int, asyncio.Semaphore] = {}  # streams: request messages the core has yet to read
 
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind, request_id = message[0], message[1]
@@ -43,6 +44,11 @@ class CoreClient:
                     future.set_result(response_from_wire(message[2]))
                 else:
                     future.set_exception(wire.error_from_value(message[2]))
+            return
+        if kind == wire.GRPC_TAKEN:
+            window = self._windows.get(request_id)
+            if window is not None:
+                window.release()
             return
         queue = self._relays.get(request_id)
         if queue is not None:
@@ -109,7 +115,10 @@ class CoreClient:
         queue: asyncio.Queue[Any] = asyncio.Queue()
         self._relays[request_id] = queue
         channel.send((wire.GRPC_CALL, request_id, method, tuple(metadata), request))
-        pump = None if requests is None else asyncio.ensure_future(self._pump(channel, request_id, requests))
+        pump = None
+        if requests is not None:
+            window = self._windows[request_id] = asyncio.Semaphore(wire.STREAM_WINDOW)
+            pump = asyncio.ensure_future(self._pump(channel, request_id, requests, window))
         finished = False
         try:
             while True:
@@ -127,14 +136,18 @@ class CoreClient:
             if pump is not None:
                 pump.cancel()
             self._relays.pop(request_id, None)
+            self._windows.pop(request_id, None)
             if not finished:
                 channel.send((wire.CANCEL, request_id))
 
     @staticmethod
-    async def _pump(channel: Channel, request_id: int, requests: AsyncIterator[bytes]) -> None:
-        """The client's request messages to the core, then the half-close."""
+    async def _pump(channel: Channel, request_id: int, requests: AsyncIterator[bytes],
+                    window: asyncio.Semaphore) -> None:
+        """The client's request messages to the core, then the half-close; at most the window ahead of
+        what the core has read (then this stops reading the client, and flow control holds it back)."""
         try:
             async for request in requests:
+                await window.acquire()
                 channel.send((wire.GRPC_MESSAGE, request_id, request))
         except Exception:  # the client's side of the stream failed: the call is cancelled with it
             return

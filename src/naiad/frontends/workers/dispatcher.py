@@ -69,6 +69,7 @@ class Dispatcher:
                          request: bytes | None, queue: asyncio.Queue[bytes | None]) -> None:
         async def requests() -> AsyncIterator[bytes]:
             while (raw := await queue.get()) is not None:
+                self._send((wire.GRPC_TAKEN, request_id))
                 yield raw
 
         try:

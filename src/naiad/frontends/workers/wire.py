@@ -14,6 +14,10 @@ Core -> worker:  (RESULT, id, response)                      codec.py's tuple
                  (DONE, id)                                   the relayed request is answered
                  (GRPC_OUT, id, response)                     one serialized response message of a gRPC call
                  (GRPC_END, id, status name, details)         the gRPC call ended ("OK", or its error status)
+                 (GRPC_TAKEN, id)                             the core's servicer read one request message of
+                                                              a stream (the worker sends at most STREAM_WINDOW
+                                                              messages ahead, so a client that floods a stream
+                                                              is held back by HTTP/2 flow control, as without workers)
 
 An ERROR whose value is DECOUPLED is a DecoupledModelError: each protocol words it its own way.
 """
@@ -37,6 +41,8 @@ GRPC_MESSAGE = "M"
 GRPC_HALF_CLOSE = "H"
 GRPC_OUT = "o"
 GRPC_END = "e"
+GRPC_TAKEN = "t"
+STREAM_WINDOW = 256
 DECOUPLED = "decoupled"
 
 # The scope entries a relayed request carries (the rest are callbacks and state of the worker's connection).
