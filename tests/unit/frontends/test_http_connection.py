@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import http.client
 import io
@@ -15,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from naiad.frontends.http.connection import BODY_HIGH_WATER, HttpConnection
+from naiad.frontends.http.connection import BODY_HIGH_WATER, Exchange, HttpConnection
 from naiad.frontends.http.listener import HttpListener
 from tests.support.servers import raw_exchange
 from tests.support.waiting import wait_until
@@ -227,6 +228,29 @@ def test_a_request_that_never_waits_runs_without_a_task(port):
         while chunk := conn.recv(65536):
             data += chunk
     assert data.endswith(b"\r\n\r\ntask")
+
+
+def test_an_answered_exchange_leaves_no_reference_cycle(port):
+    """Every exchange is freed by reference counting once answered: cyclic garbage left per request
+    makes the collector run (and pause the event loop) in proportion to the request rate."""
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what a collection finds unreachable is kept in gc.garbage instead
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            for payload in (b"a", b"bc"):  # answered in the first step (no task)
+                conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
+                assert conn.recv(65536).endswith(b"ok" + payload)
+            conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")  # body later: a task
+            time.sleep(0.05)
+            conn.sendall(b"hi")
+            assert conn.recv(65536).endswith(b"okhi")
+        assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
+        gc.collect()
+        leaked = [obj for obj in gc.garbage if isinstance(obj, Exchange)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert leaked == []
 
 
 def _big_headers(total: int) -> bytes:
