@@ -65,6 +65,11 @@ async def app(scope, receive, send) -> None:
         answer = str(len(DISCONNECTS)).encode()
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
+    elif path == "/slow":  # an answer that takes a few milliseconds, as a model execution does
+        body = await _read_all(receive)
+        await asyncio.sleep(0.005)
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body) + 2).encode())]})
+        await send({"type": "http.response.body", "body": b"ok" + body})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -228,6 +233,30 @@ def test_a_request_that_never_waits_runs_without_a_task(port):
         while chunk := conn.recv(65536):
             data += chunk
     assert data.endswith(b"\r\n\r\ntask")
+
+
+def test_a_pipelining_connection_does_not_hold_up_another_connection(port):
+    """One client pipelines 100 slow requests in one write; another client's single request, sent
+    after, is answered long before the first client's last answer (each connection runs one request
+    at a time, and the loop keeps reading the other connections meanwhile)."""
+    count = 100
+    flood = b"".join(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" for _ in range(count))
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as busy:
+        busy.sendall(flood)
+        time.sleep(0.05)  # the flood is being served
+        started = time.monotonic()
+        single = _exchange(port, b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\ny")
+        single_took = time.monotonic() - started
+        received = b""
+        while received.count(b"okx") < count:
+            chunk = busy.recv(65536)
+            assert chunk, "the pipelining connection was closed"
+            received += chunk
+        flood_took = time.monotonic() - started
+    assert single.startswith(b"HTTP/1.1 200 ") and single.endswith(b"oky")
+    assert received.count(b"HTTP/1.1 200 ") == count
+    # the flood needs at least 100 x 5 ms after the single request was sent; the single one a few ms
+    assert single_took < flood_took / 2, (single_took, flood_took)
 
 
 def test_an_answered_exchange_leaves_no_reference_cycle(port):
