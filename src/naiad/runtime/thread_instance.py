@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from naiad.backends.base import ExecutionBatch, ModelInstance, RequestModelInstance
+from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, RequestModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
 # Executions shorter than this run inline on the event loop: a thread hand-off costs more
@@ -21,10 +21,15 @@ INLINE_THRESHOLD_NS = 100_000
 
 
 class ThreadInstance:
-    """A ModelInstance plus the single thread it executes on (one batch at a time).
+    """A ModelInstance plus the single thread it executes on (one batch at a time): the thread adapter
+    of the Instance protocol (naiad.backends.base.Instance).
 
     Keeps a moving average of execution time; models whose executions are tiny run inline.
     """
+
+    tracks_unfinished = True
+    in_worker_process = False
+    pid = 0
 
     def __init__(self, instance: ModelInstance, inline_threshold_ns: int = INLINE_THRESHOLD_NS) -> None:
         self.instance = instance
@@ -73,12 +78,28 @@ class ThreadInstance:
     def _observe(self, ns: int) -> None:
         self._average_ns += (ns - self._average_ns) * 0.2
 
+    def queued(self) -> int:
+        return 0
+
+    def memory_bytes(self) -> int:
+        return 0  # the model lives in the server process, measured with it
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None
+
+    def healthy(self) -> bool:
+        return True
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.instance.close()
 
+    async def aclose(self) -> None:
+        self.close()
 
-# What a pool hands out: a thread-run tensor instance or a request-level one (Python backend, LLMs).
+
+# What a pool hands out: both are Instances; a thread-run tensor instance executes batches of tensors, a
+# request-level one (worker processes, LLM engines) whole requests.
 PoolInstance = ThreadInstance | RequestModelInstance
 
 
@@ -186,12 +207,9 @@ class InstancePool:
             await asyncio.gather(*self._executions, return_exceptions=True)
 
     def healthy(self) -> bool:
-        return all(getattr(inst, "healthy", lambda: True)() for inst in self.instances)
+        return all(inst.healthy() for inst in self.instances)
 
     async def close(self) -> None:
         await self._wait_for_executions()
         for inst in self.instances:
-            if isinstance(inst, ThreadInstance):
-                inst.close()
-            else:
-                await inst.aclose()
+            await inst.aclose()
