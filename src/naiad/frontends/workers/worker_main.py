@@ -9,6 +9,7 @@ core goes away, the worker exits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -54,6 +55,11 @@ async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: 
     listener = HttpListener.for_server(WorkerApp(config, core), config, config.http_address, config.http_port,
                                        f"naiad-http-worker-{index}", tls=tls, sock=listen_sock)
     await listener.start()
+    # Keep the start-up heap out of later collections, as `naiad serve` does in the core
+    # (runtime/memory.py, not imported here): a full collection walking it paused this loop for
+    # tens of milliseconds under load.
+    gc.collect()
+    gc.freeze()
     channel.send((wire.READY, os.getpid()))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopping, channel.closed}, return_when=asyncio.FIRST_COMPLETED)
