@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from naiad.config.server_config import ServerConfig
 from naiad.frontends.sockets import bind_shared_sockets
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
@@ -116,6 +117,41 @@ def test_a_worker_process_loads_no_model_machinery() -> None:
              "['naiad', 'backends'], ['naiad', 'runtime']) or m in ('onnxruntime', 'torch')))")
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
     assert loaded.stdout.strip() == "[]"
+
+
+def test_a_worker_freezes_its_start_up_heap_before_it_reports_ready() -> None:
+    """As the core does: a full collection walking the worker's start-up objects paused its event loop
+    for tens of milliseconds under load. The probe reports gc.get_freeze_count() when READY is sent."""
+    probe = ("import gc, sys\n"
+             "from naiad.frontends.workers import channel, wire, worker_main\n"
+             "send = channel.Channel.send\n"
+             "def reporting(self, message):\n"
+             "    if message[0] == wire.READY:\n"
+             "        print('frozen', gc.get_freeze_count(), flush=True)\n"
+             "    send(self, message)\n"
+             "channel.Channel.send = reporting\n"
+             "worker_main.main(sys.argv[1:])\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    listen = socket.socket()
+    listen.bind(("127.0.0.1", 0))
+    listen.listen()
+    process = None
+    try:
+        ours.sendall(encode_frame(ServerConfig(http_address="127.0.0.1", http_port=listen.getsockname()[1])))
+        process = subprocess.Popen([sys.executable, "-c", probe, str(theirs.fileno()), str(listen.fileno()), "0"],
+                                   pass_fds=(theirs.fileno(), listen.fileno()), stdout=subprocess.PIPE, text=True)
+        theirs.close()
+        ours.settimeout(60)
+        assert read_frame(ours)[0] == wire.READY
+        assert process.stdout is not None
+        line = process.stdout.readline().split()
+        assert line[0] == "frozen" and int(line[1]) > 1000, line
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        ours.close()
+        listen.close()
 
 
 class _Sent:

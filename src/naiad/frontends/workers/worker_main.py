@@ -10,6 +10,7 @@ core goes away, the worker exits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -77,6 +78,11 @@ async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: 
         stop_listening = await _start_http(config, core, listen_sock, index)
     else:
         stop_listening = await _start_grpc(config, core)
+    # Keep the start-up heap out of later collections, as `naiad serve` does in the core
+    # (runtime/memory.py, not imported here): a full collection walking it paused this loop for
+    # tens of milliseconds under load.
+    gc.collect()
+    gc.freeze()
     channel.send((wire.READY, os.getpid()))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopping, channel.closed}, return_when=asyncio.FIRST_COMPLETED)
