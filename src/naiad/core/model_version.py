@@ -22,6 +22,7 @@ from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.ensemble import EnsembleScheduler
+from naiad.scheduling.execution_policy import InlinePolicy, InlineSettings
 from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from naiad.scheduling.sequence_batcher import SequenceBatcher
 
@@ -111,11 +112,12 @@ class ModelVersion:
             if services is None:
                 raise ValueError(f"ensemble '{self.name}' needs a server to run its steps")
             return EnsembleScheduler(self.config, services, self.stats)
+        inline = InlinePolicy(InlineSettings.from_config(self.config), self.name)
         if scheduler_kind(self.config) == "sequence_batching":
-            return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir)
+            return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir, inline)
         if scheduler_kind(self.config) == "dynamic_batching":
-            return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching)
-        return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)
+            return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching, inline=inline)
+        return DirectScheduler(self.pool, self.stats, self.max_batch_size > 0, inline)
 
     async def close(self) -> None:
         """Stop the scheduler (waits for running batches) and release the instances."""
