@@ -11,6 +11,7 @@ from typing import cast
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import BackendInstance, RequestModelInstance, ServerServices
+from naiad.config.inline_settings import inline_settings
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import (
@@ -22,7 +23,7 @@ from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.ensemble import EnsembleScheduler
-from naiad.scheduling.execution_policy import InlinePolicy, InlineSettings
+from naiad.scheduling.execution_policy import InlinePolicy
 from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from naiad.scheduling.sequence_batcher import SequenceBatcher
 
@@ -112,7 +113,7 @@ class ModelVersion:
             if services is None:
                 raise ValueError(f"ensemble '{self.name}' needs a server to run its steps")
             return EnsembleScheduler(self.config, services, self.stats)
-        inline = InlinePolicy(InlineSettings.from_config(self.config), self.name)
+        inline = InlinePolicy(inline_settings(self.config), self.name)  # checked when the config was read
         if scheduler_kind(self.config) == "sequence_batching":
             return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir, inline)
         if scheduler_kind(self.config) == "dynamic_batching":

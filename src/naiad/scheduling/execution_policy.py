@@ -24,7 +24,7 @@ request (`DirectScheduler.run_on()`): no hop through the batching loop, which wo
 of one anyway. Otherwise it is queued, and the next instance to free up takes all queued requests
 that fit in one batch.
 
-Both inline settings are model config parameters, e.g.
+Both inline settings are model config parameters, read and checked by naiad/config/inline_settings.py, e.g.
 `parameters { key: "inline_threshold_us" value { string_value: "0" } }` (0: never inline).
 """
 
@@ -33,49 +33,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.config.model_config import parameter
+from naiad.config.inline_settings import CAP_PARAMETER, InlineSettings
 
 log = logging.getLogger(__name__)
 
-THRESHOLD_PARAMETER = "inline_threshold_us"
-CAP_PARAMETER = "inline_cap_us"
-DEFAULT_THRESHOLD_US = 100
-DEFAULT_CAP_US = 5_000
 FIRST_SUSPENSION_NS = 1_000_000_000
 LONGEST_SUSPENSION_NS = 64_000_000_000
 _WEIGHT = 0.2  # of the newest execution in the moving average
-
-
-@dataclass(frozen=True)
-class InlineSettings:
-    """The inline policy's two numbers for one model version."""
-
-    threshold_ns: int = DEFAULT_THRESHOLD_US * 1000
-    cap_ns: int = DEFAULT_CAP_US * 1000
-
-    @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> InlineSettings:
-        """From the model's `parameters`; a value that is not a whole number of microseconds fails the load."""
-        return cls(_microseconds(config, THRESHOLD_PARAMETER, DEFAULT_THRESHOLD_US, minimum=0) * 1000,
-                   _microseconds(config, CAP_PARAMETER, DEFAULT_CAP_US, minimum=1) * 1000)
-
-
-def _microseconds(config: mc.ModelConfig, key: str, default: int, minimum: int) -> int:
-    text = parameter(config, key)
-    if text is None:
-        return default
-    try:
-        value = int(text.strip())
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
-        raise ValueError(f"model '{config.name}': parameter '{key}' must be a whole number of microseconds "
-                         f">= {minimum}, got '{text}'")
-    return value
 
 
 class InlinePolicy:

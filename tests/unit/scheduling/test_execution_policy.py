@@ -12,19 +12,16 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ExecutionBatch
+from naiad.config.inline_settings import DEFAULT_CAP_US, DEFAULT_THRESHOLD_US, InlineSettings, inline_settings
+from naiad.config.model_config import ConfigError
+from naiad.config.validation import validate_config
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import WorkItem
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
-from naiad.scheduling.execution_policy import (
-    DEFAULT_CAP_US,
-    DEFAULT_THRESHOLD_US,
-    InlinePolicy,
-    InlineSettings,
-    runs_at_once,
-)
+from naiad.scheduling.execution_policy import InlinePolicy, runs_at_once
 
 MS = 1_000_000
 
@@ -86,8 +83,8 @@ def _config(text: str) -> mc.ModelConfig:
 
 
 def test_settings_come_from_the_model_config_parameters() -> None:
-    assert InlineSettings.from_config(_config("")) == InlineSettings(DEFAULT_THRESHOLD_US * 1000, DEFAULT_CAP_US * 1000)
-    settings = InlineSettings.from_config(_config(
+    assert inline_settings(_config("")) == InlineSettings(DEFAULT_THRESHOLD_US * 1000, DEFAULT_CAP_US * 1000)
+    settings = inline_settings(_config(
         'parameters { key: "inline_threshold_us" value { string_value: "0" } }\n'
         'parameters { key: "inline_cap_us" value { string_value: " 2500 " } }'))
     assert settings == InlineSettings(threshold_ns=0, cap_ns=2_500_000)
@@ -96,9 +93,13 @@ def test_settings_come_from_the_model_config_parameters() -> None:
 @pytest.mark.parametrize(("key", "value"), [
     ("inline_threshold_us", "-1"), ("inline_threshold_us", "fast"), ("inline_cap_us", "0"), ("inline_cap_us", "1.5"),
 ])
-def test_a_bad_setting_fails_the_load_naming_the_parameter(key: str, value: str) -> None:
-    with pytest.raises(ValueError, match=rf"model 'm': parameter '{key}' must be a whole number of microseconds"):
-        InlineSettings.from_config(_config(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'))
+def test_a_bad_setting_is_a_config_error_naming_the_parameter(key: str, value: str) -> None:
+    """Checked with the rest of the config, before any instance exists (and by `naiad repo lint`)."""
+    text = f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}'
+    with pytest.raises(ConfigError) as info:
+        validate_config(_config(text), "m/config.pbtxt", 'name: "m"\n' + text)
+    assert str(info.value) == (f"m/config.pbtxt:2: field 'parameters': parameter '{key}' must be a whole number "
+                               f"of microseconds >= {1 if key == 'inline_cap_us' else 0}, got '{value}'")
 
 
 def test_zero_delay_policy_applies_without_delay_or_ordering() -> None:
