@@ -44,8 +44,8 @@ from wrk_load import run_wrk  # noqa: E402
 
 PROTOCOLS = ("http-json", "http-binary", "grpc")
 UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST"}
-NAMES = {"naiad": "Naiad", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
-WITH_STATISTICS = ("naiad", "triton")  # servers with the statistics extension (formed batch sizes)
+NAMES = {"naiad": "Naiad", "baseline": "Naiad baseline", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
+WITH_STATISTICS = ("naiad", "baseline", "triton")  # servers with the statistics extension (formed batch sizes)
 
 
 class Stop(BaseException):
@@ -85,6 +85,9 @@ def start_servers(work: Path, matrix: matrix_models.Matrix, args, running: dict[
         try:
             if name == "naiad":
                 running[name] = procs.start_naiad(work, matrix.naiad_repo, args.server_core, models, args.grpc_impl)
+            elif name == "baseline":  # the same repository served by another checkout: before vs after a change
+                running[name] = procs.start_naiad(work, matrix.naiad_repo, args.server_core, models, args.grpc_impl,
+                                                  tag="baseline", src=args.baseline_src / "src")
             elif name == "triton":
                 running[name] = procs.start_triton(work, matrix.triton_repo, args.server_core, models, args.triton_venv)
             elif name == "mlserver":
@@ -311,6 +314,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpc-client", choices=("raw", "grpcio"), default="raw",
                         help="load.py's gRPC client: raw HTTP/2 framing (default, cheapest) or grpc.aio")
     parser.add_argument("--grpc-impl", choices=("naiad", "grpcio"), default="naiad", help="Naiad's gRPC server")
+    parser.add_argument("--baseline-src", type=Path, metavar="CHECKOUT",
+                        help="also serve Naiad from this other checkout (e.g. a `git worktree` of the commit before a "
+                             "change), measured in the same rounds and reported as Naiad/Naiad baseline")
     parser.add_argument("--output", type=Path, help="raw JSON (default benchmarks/results/<UTC time>-matrix.json)")
     parser.add_argument("--report", type=Path, metavar="JSON", help="print the tables of an earlier --output and exit")
     parser.add_argument("--keep-workdir", action="store_true", help="keep repositories and server logs")
@@ -323,6 +329,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds, --duration and --concurrency must be positive")
     if args.venvs is None and {"mlserver", "kserve"} & set(args.servers) and not args.report:
         parser.error("MLServer/KServe need --venvs or NAIAD_BENCH_VENVS (the root given to setup_peers.sh)")
+    if args.baseline_src is not None:
+        if not (args.baseline_src / "src" / "naiad").is_dir():
+            parser.error(f"--baseline-src: no src/naiad in {args.baseline_src}")
+        if "naiad" not in args.servers:
+            parser.error("--baseline-src compares with naiad: keep naiad in --servers")
+        args.servers = [s for s in args.servers if s != "baseline"]
+        args.servers.insert(args.servers.index("naiad") + 1, "baseline")
     return args
 
 
@@ -353,6 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.check_only or args.skip_generator_ceiling):
             report["generator_ceiling"] = generator_ceiling(work, args)
         matrix = matrix_models.build(work, args.models, args.variants)
+        if "baseline" in args.servers:
+            for who in matrix.served.values():
+                if "naiad" in who:
+                    who.add("baseline")
         start_servers(work, matrix, args, running, report["start_failures"])
         report["check_failures"] = check_answers(running, matrix, args)
         if args.check_only:

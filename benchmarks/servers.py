@@ -111,14 +111,16 @@ def _stop_on_failure(server: RunningServer, wait: Callable[[], object]) -> Runni
 
 
 def start_naiad(work: Path, repo: Path, core: str, models: list[str], grpc_impl: str = "naiad",
-                python: str = sys.executable, tag: str = "naiad") -> RunningServer:
-    """`python -m naiad serve` on `repo` with OS-chosen ports (read from its NAIAD_READY line)."""
+                python: str = sys.executable, tag: str = "naiad", src: Path | None = None) -> RunningServer:
+    """`python -m naiad serve` on `repo` with OS-chosen ports (read from its NAIAD_READY line);
+    `src`: the `src/` folder of another checkout to run instead of the installed package."""
     out_path, log_path = work / f"{tag}.stdout", work / f"{tag}.log"
     cmd = [os.path.abspath(python), "-m", "naiad", "serve", "--model-repository", str(repo), "--http-port", "0",
            "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
            "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl]
+    env = {**os.environ, "PYTHONPATH": str(src.resolve())} if src else None
     proc = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=open(out_path, "wb"), stderr=open(log_path, "wb"),
-                            stdin=subprocess.DEVNULL, cwd=work, start_new_session=True)
+                            stdin=subprocess.DEVNULL, cwd=work, start_new_session=True, env=env)
     holder = RunningServer(tag, proc, 0, 0, log_path)
 
     def ready():

@@ -19,6 +19,7 @@ from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.datatypes import CONFIG_TO_PROTOCOL, numpy_dtype
 from naiad.protocol.errors import internal, invalid_arg, unavailable
 from naiad.protocol.types import InferenceRequest
+from naiad.runtime.precise_timer import PreciseTimer
 from naiad.runtime.removable_queue import RemovableQueue
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, run_batch
@@ -132,6 +133,8 @@ class SequenceBatcher:
         self._holders: list[dict[_Sequence, None]] = [{} for _ in self._instances]
         self._free_slots = [list(range(per_instance)) for _ in self._instances]
         self._wakeups = [asyncio.Event() for _ in self._instances]
+        # Queue delays are often sub-millisecond: the loop's own timers would round them up to >= 1 ms.
+        self._timer = PreciseTimer()
         self._inflight = 0
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._serve(i)) for i in range(len(self._instances))]
@@ -244,6 +247,12 @@ class SequenceBatcher:
         """
         if self._min_utilization <= 0 or len(ready) >= self._min_utilization * self._slots_per_instance:
             return 0.0
+        return self._delay_left(ready)
+
+    def _delay_left(self, ready: list[_Sequence]) -> float:
+        """Seconds until the oldest ready request has waited max_queue_delay (0 when it has)."""
+        if not self._delay_s:
+            return 0.0
         oldest = min(s.queue.peek().enqueue_ns for s in ready)
         return max(oldest / 1e9 + self._delay_s - time.perf_counter_ns() / 1e9, 0.0)
 
@@ -260,16 +269,22 @@ class SequenceBatcher:
                 remaining = self._under_utilized(ready)
                 if remaining <= 0:
                     return ready
-                wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), remaining)
+                await self._wait_wakeup(wakeup, remaining)
                 continue
-            if self._delay_s and len(ready) < self._rows_per_batch:
-                wakeup.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(wakeup.wait(), self._delay_s)
-                ready = self._ready(index)
-            return ready
+            # Oldest strategy: a partial batch waits for more until its oldest request waited the delay.
+            remaining = self._delay_left(ready) if len(ready) < self._rows_per_batch else 0.0
+            if remaining <= 0:
+                return ready
+            await self._wait_wakeup(wakeup, remaining)
+
+    async def _wait_wakeup(self, wakeup: asyncio.Event, seconds: float) -> None:
+        """Wait until a request arrives for this instance or `seconds` pass, whichever is first."""
+        wakeup.clear()
+        timeout = self._timer.call_later_ns(int(seconds * 1e9), wakeup.set)
+        try:
+            await wakeup.wait()
+        finally:
+            timeout.cancel()
 
     async def _serve(self, index: int) -> None:
         while True:
@@ -435,6 +450,7 @@ class SequenceBatcher:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._timer.close()
         for sequence in list(self._sequences.values()):
             while sequence.queue:
                 sequence.queue.popleft().fail(unavailable("model is being unloaded"))

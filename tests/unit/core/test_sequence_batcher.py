@@ -63,3 +63,26 @@ def test_idle_sequences_are_released(tmp_path):
             _send(srv, 1, 7)
         assert "START flag" in err.value.message
         assert _send(srv, 4, 7, start=True).output("OUTPUT").data[0, 0] == 4
+
+
+def test_oldest_strategy_waits_the_delay_from_its_oldest_request(tmp_path):
+    """A partial batch waits until its oldest request has waited max_queue_delay (Triton's rule), and a
+    request arriving meanwhile joins it instead of ending the wait: one execution of two rows."""
+    accumulator_model(tmp_path, strategy="oldest { max_candidate_sequences: 4 max_queue_delay_microseconds: 400000 }")
+    with naiad.Server(model_repository=str(tmp_path)) as srv:
+        def send(value, cid):
+            x = np.full((1, 1), value, np.float32)
+            request = InferenceRequest(model_name="accumulator", inputs=[InferInput("INPUT", "FP32", (1, 1), x)],
+                                       sequence_id=cid, sequence_start=True)
+            return asyncio.run_coroutine_threadsafe(srv.infer_async(request), srv._loop)
+
+        start = time.perf_counter()
+        first = send(1, 21)
+        time.sleep(0.1)  # the second request arrives while the first waits for company
+        second = send(2, 22)
+        assert first.result(10).output("OUTPUT").data[0, 0] == 1
+        waited = time.perf_counter() - start
+        assert second.result(10).output("OUTPUT").data[0, 0] == 2
+        assert waited >= 0.35  # the delay counts from the first request, not ended by the second's arrival
+        batches = srv.model_statistics("accumulator")["model_stats"][0]["batch_stats"]
+        assert [(int(b["batch_size"]), int(b["compute_infer"]["count"])) for b in batches] == [(2, 1)]
