@@ -222,10 +222,7 @@ async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem],
         input_done = time.perf_counter_ns()
         batch = ExecutionBatch(inputs, names, total)
         if inline.inline():
-            try:
-                outputs = instance.execute_inline(batch)
-            finally:
-                inline.observe_inline(time.perf_counter_ns() - input_done)
+            outputs = inline.run_inline(instance.execute_inline, batch)
         else:
             outputs = await instance.execute(batch)
             inline.observe_thread(instance.last_thread_ns)

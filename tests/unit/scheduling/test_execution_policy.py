@@ -54,14 +54,17 @@ def test_an_inline_execution_over_the_cap_suspends_inline_execution_doubling_eac
     clock = FakeClock()
     policy = InlinePolicy(InlineSettings(threshold_ns=100_000, cap_ns=5 * MS), "m", clock)
     _settle_inline(policy)
-    policy.observe_inline(4 * MS)  # slow but under the cap: no suspension, only the average moves
+    policy.observe_inline(4 * MS, 0)  # slow but under the cap: no suspension, only the average moves
+    assert policy.suspensions == 0
+    _settle_inline(policy)
+    policy.observe_inline(50 * MS, 1 * MS)  # over the cap in wall time only: the server was paused
     assert policy.suspensions == 0
     _settle_inline(policy)
     assert policy.inline()
 
     suspended_for = []
     for _ in range(8):
-        policy.observe_inline(6 * MS)
+        policy.observe_inline(6 * MS, 6 * MS)
         start = clock.now
         _settle_inline(policy)  # cheap again on the threads: the suspension alone keeps it off the loop
         while not policy.inline():
@@ -109,7 +112,8 @@ def test_zero_delay_policy_applies_without_delay_or_ordering() -> None:
 
 
 class ThreadRecorder:
-    """Echoes X; records the thread each execution ran on; sleeps `slow_s` for an input of 9."""
+    """Echoes X; records the thread each execution ran on; for an input of 9 computes (burns `slow_s`
+    of CPU time), for 10 waits (sleeps `slow_s`)."""
 
     def __init__(self, slow_s: float) -> None:
         self.name = "rec_0"
@@ -118,7 +122,12 @@ class ThreadRecorder:
 
     def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
         self.threads.append(threading.get_ident())
-        if batch.inputs["X"][0, 0] == 9:
+        value = batch.inputs["X"][0, 0]
+        if value == 9:
+            end = time.thread_time() + self.slow_s
+            while time.thread_time() < end:
+                pass
+        elif value == 10:
             time.sleep(self.slow_s)
         return {"Y": batch.inputs["X"].copy()}
 
@@ -133,8 +142,8 @@ def _item(value: float) -> WorkItem:
 @pytest.mark.parametrize("scheduler", ["direct", "dynamic zero delay"])
 def test_a_slow_inline_execution_sends_the_model_back_to_its_thread(scheduler: str) -> None:
     """End to end through a scheduler: cheap executions run on the loop's thread; one over the cap
-    (a sleep of 400 ms against a 200 ms cap: far apart on a loaded machine) sends the next ones to
-    the instance thread, even though the thread measures them cheap again."""
+    (400 ms of CPU time against a 200 ms cap) sends the next ones to the instance thread, even though
+    the thread measures them cheap again."""
 
     async def body() -> None:
         loop_thread = threading.get_ident()
@@ -157,6 +166,30 @@ def test_a_slow_inline_execution_sends_the_model_back_to_its_thread(scheduler: s
             assert runner.inflight() == 0
         finally:
             await runner.stop()
+            await pool.close()
+
+    asyncio.run(body())
+
+
+def test_an_inline_execution_that_waits_goes_back_to_the_thread_by_its_average_without_a_suspension() -> None:
+    """Over the cap in wall time but not in the loop's CPU time (it waited, as a paused server does):
+    no suspension, but its wall time enters the average, so the next executions run on the thread."""
+
+    async def body() -> None:
+        loop_thread = threading.get_ident()
+        model = ThreadRecorder(slow_s=0.3)
+        pool = InstancePool([ThreadInstance(model)])
+        policy = InlinePolicy(InlineSettings(threshold_ns=100_000, cap_ns=200 * MS), "m")
+        runner = DirectScheduler(pool, ModelStatistics("m", "1"), True, policy)
+        try:
+            for value in range(30):
+                await runner.enqueue(_item(value % 8))
+            assert model.threads[-1] == loop_thread
+            await runner.enqueue(_item(10))
+            assert model.threads[-1] == loop_thread and policy.suspensions == 0
+            await runner.enqueue(_item(1))
+            assert model.threads[-1] != loop_thread
+        finally:
             await pool.close()
 
     asyncio.run(body())
