@@ -28,6 +28,7 @@ from naiad.cli.startup_report import (
     table,
 )
 from naiad.config.server_config import ServerConfig
+from naiad.core.facade import ServerAPI
 from naiad.core.server import Server
 from naiad.observability.log_settings import (
     VERBATIM,
@@ -123,16 +124,16 @@ def _log_settings_table(changed: list[tuple[str, str]]) -> None:
 
 
 def _log_models(server: Server) -> None:
-    index = server.repository_index()
+    index = server.control.repository_index()
     # A model whose config could not be read has no version state; the table still shows why it failed.
     index += [{"name": name, "version": "-", "state": "UNAVAILABLE", "reason": reason}
-              for name, reason in sorted(server.unreadable_models().items())]
+              for name, reason in sorted(server.control.unreadable_models().items())]
     log.info("\n%s", model_table(index), extra={VERBATIM: True})
     _, failed = load_counts(index)
     (log.warning if failed else log.info)("%s", load_summary(index))
 
 
-async def _start_frontends(server: Server, config: ServerConfig) -> tuple[list, dict[str, int | None]]:
+async def _start_frontends(server: ServerAPI, config: ServerConfig) -> tuple[list, dict[str, int | None]]:
     """Start every enabled endpoint; on a failure stop those started and raise StartupError."""
     frontends: list = []
     ports: dict[str, int | None] = {"http_port": None, "grpc_port": None, "metrics_port": None,
@@ -173,7 +174,7 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
     try:
         await signals.unless_forced(server.startup())
     except (RuntimeError, ValueError) as exc:
-        if server.repository_index():
+        if server.control.repository_index():
             _log_models(server)
         log.error("%s", exc)
         await signals.unless_forced(server.shutdown(timeout=0))

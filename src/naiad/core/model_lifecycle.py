@@ -118,10 +118,11 @@ class ModelLifecycle:
 
     def __init__(
         self, settings: ServerConfig, backends: BackendRegistry, services: ServerServices | None = None,
-        rate_limiter: RateLimiter | None = None,
+        rate_limiter: RateLimiter | None = None, summary_quantiles: tuple[tuple[float, float], ...] | None = None,
     ) -> None:
         self.settings = settings
         self.rate_limiter = rate_limiter
+        self.summary_quantiles = summary_quantiles  # --metrics-config summary_quantiles, for each version's statistics
         self.backends = backends
         self.services = services
         self.catalog = RepositoryCatalog(settings.model_repositories)
@@ -308,7 +309,9 @@ class ModelLifecycle:
             try:
                 started, rss_before = time.monotonic(), rss_bytes()
                 instances = [] if prepared.config.platform == "ensemble" else await self._create_instances(prepared, version)
-                model = ModelVersion(prepared.config, version, model_dir, instances, self.services, self.rate_limiter)
+                model = ModelVersion(
+                    prepared.config, version, model_dir, instances, self.services, self.rate_limiter, self.summary_quantiles
+                )
                 if prepared.config.model_warmup:
                     try:
                         await warm_up(model, model_dir)

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -71,12 +71,25 @@ def _pooled(instance: BackendInstance) -> PoolInstance:
     return ThreadInstance(instance)
 
 
+# A tokenizer's chat template: (messages, add_generation_prompt) -> prompt (LLM backends).
+ChatTemplate = Callable[[list[dict[str, Any]], bool], str]
+
+
+def _chat_template(instances: Sequence[BackendInstance]) -> ChatTemplate | None:
+    """The first instance's `apply_chat_template`, offered by the LLM backends (transformers, vLLM)."""
+    for instance in instances:
+        template: ChatTemplate | None = getattr(instance, "apply_chat_template", None)
+        if template is not None:
+            return template
+    return None
+
+
 class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
         self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[BackendInstance], services: ServerServices | None = None,
-        rate_limiter: RateLimiter | None = None,
+        rate_limiter: RateLimiter | None = None, summary_quantiles: tuple[tuple[float, float], ...] | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -98,8 +111,9 @@ class ModelVersion:
         self._model_dir = model_dir
         self.memory_bytes = 0  # measured at load time
         self.stats = ModelStatistics(
-            self.name, self.version_str, _first_response_buckets(config), getattr(services, "summary_quantiles", None)
+            self.name, self.version_str, _first_response_buckets(config), summary_quantiles
         )
+        self._chat_template = _chat_template(instances)  # found once, at load
         pooled = [_pooled(i) for i in instances]
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
@@ -127,3 +141,9 @@ class ModelVersion:
 
     def healthy(self) -> bool:
         return self.pool.healthy()
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
+        """The prompt the model's tokenizer template makes of `messages`; None when it has no template."""
+        if self._chat_template is None:
+            return None
+        return self._chat_template(messages, add_generation_prompt)

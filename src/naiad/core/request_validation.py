@@ -7,8 +7,9 @@ from collections.abc import Iterable
 import numpy as np
 
 from naiad.core.model_version import ModelVersion, TensorSpec
-from naiad.protocol.errors import invalid_arg, request_prefix
-from naiad.protocol.types import InferenceRequest
+from naiad.protocol.errors import invalid_arg, request_prefix, unsupported
+from naiad.protocol.types import InferenceRequest, InferInput
+from naiad.runtime.shared_memory import DISABLED_MESSAGE, SystemSharedMemoryRegistry
 from naiad.scheduling.base import WorkItem
 
 _BATCH_NOTE = (
@@ -63,8 +64,22 @@ def _check_input_count(model: ModelVersion, request: InferenceRequest, prefix: s
     )
 
 
-def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem:
-    """Return the WorkItem for a valid request, or raise INVALID_ARG with Triton's message."""
+def _read_shared(inp: InferInput, shared_memory: SystemSharedMemoryRegistry | None) -> np.ndarray:
+    """An input sent by reference, as a view into its registered region (sizes checked against the shape)."""
+    if inp.shared_memory is None:
+        raise invalid_arg(f"input '{inp.name}' has neither data nor a shared memory region")
+    if shared_memory is None:
+        raise unsupported(DISABLED_MESSAGE)
+    return shared_memory.read_tensor(inp.shared_memory, inp.datatype, inp.shape, inp.name)
+
+
+def validate_request(
+    model: ModelVersion, request: InferenceRequest, shared_memory: SystemSharedMemoryRegistry | None = None
+) -> WorkItem:
+    """Return the WorkItem for a valid request, or raise INVALID_ARG with Triton's message.
+
+    Inputs sent by shared-memory reference are read from `shared_memory` here (and kept in
+    `InferInput.data`, for the response cache and traces)."""
     prefix = request_prefix(request.id)
     name = model.name
     batched = model.max_batch_size > 0
@@ -72,6 +87,9 @@ def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem
     inputs: dict[str, np.ndarray] = {}
     batch_size = 1
     for inp in request.inputs:
+        data = inp.data
+        if data is None:
+            data = inp.data = _read_shared(inp, shared_memory)
         spec = model.inputs.get(inp.name)
         if spec is None:
             raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{name}'")
@@ -99,7 +117,7 @@ def validate_request(model: ModelVersion, request: InferenceRequest) -> WorkItem
             if inputs and rows != batch_size:
                 raise invalid_arg(f"{prefix}input '{inp.name}' batch size does not match other inputs for '{name}'")
             batch_size = rows
-        inputs[inp.name] = _model_facing(inp.data, spec, batched)
+        inputs[inp.name] = _model_facing(data, spec, batched)
     if request.outputs:
         wanted = set()
         for out in request.outputs:

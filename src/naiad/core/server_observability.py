@@ -108,7 +108,8 @@ class RequestTrace:
         elif self._trace is not None:
             trace = self._trace
             for inp in request.inputs:
-                trace.tensor("TENSOR_QUEUE_INPUT", inp.name, inp.datatype, inp.shape, tensor_text(inp.data))
+                if inp.data is not None:  # always, once validated (shared-memory inputs read)
+                    trace.tensor("TENSOR_QUEUE_INPUT", inp.name, inp.datatype, inp.shape, tensor_text(inp.data))
             for name, ns in [("REQUEST_START", start), ("QUEUE_START", queued), *compute, ("REQUEST_END", end)]:
                 if ns:
                     trace.timestamp(name, ns)

@@ -28,7 +28,7 @@ from naiad.protocol.errors import NaiadError, invalid_arg
 from naiad.protocol.request_json import load_request_json
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 logger = logging.getLogger("naiad.cloud")
 
@@ -56,16 +56,16 @@ def header_length_from_mime(mime: str | None, prefix: str, body_length: int) -> 
     return parse_header_length(value.encode("latin-1"), body_length)
 
 
-def health_reply(server: Server, mode: str) -> Reply:
+def health_reply(server: ServerAPI, mode: str) -> Reply:
     """200 when live (mode `live`) or ready (mode `ready`), else 400; empty body, as Triton answers."""
-    healthy = server.is_live() if mode == "live" else server.is_ready()
+    healthy = server.control.is_live() if mode == "live" else server.control.is_ready()
     return Reply(200 if healthy else 400, b"", TEXT)
 
 
 class CloudInfer:
     """One v2 infer request on a cloud route: body and binary blobs in, JSON (+ blobs) out."""
 
-    def __init__(self, server: Server, binary_mime: str) -> None:
+    def __init__(self, server: ServerAPI, binary_mime: str) -> None:
         self.server = server
         self.binary_mime = binary_mime
         self.forward_headers: HeaderForwarder | None = None
@@ -104,7 +104,7 @@ async def error(send: Send, status: int, message: str, scope: dict[str, Any]) ->
     await reply(send, error_reply(status, message), scope)
 
 
-async def read_json_object(scope: dict[str, Any], receive: Receive, server: Server) -> dict[str, Any]:
+async def read_json_object(scope: dict[str, Any], receive: Receive, server: ServerAPI) -> dict[str, Any]:
     """A small JSON object body (empty body = {})."""
     headers = RequestHeaders.from_scope(scope)
     body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))

@@ -48,7 +48,7 @@ from naiad.frontends.security import check_model_name, header_forwarder
 from naiad.protocol.errors import ErrorCode, NaiadError, invalid_arg
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 TARGET_MODEL_HEADER = "x-amzn-sagemaker-target-model"
@@ -145,7 +145,7 @@ def read_model_directory(model_dir: Path, name: str) -> tuple[str, dict[str, byt
 class SageMakerApp:
     """ASGI app of the SageMaker port."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
         config = server.config
         self.guard = HttpGuard(config.http_restricted_api)
@@ -199,7 +199,7 @@ class SageMakerApp:
         configured = self.server.config.sagemaker_default_model
         if configured:
             return configured
-        names = sorted({entry["name"] for entry in self.server.repository_index(ready_only=True)})
+        names = sorted({entry["name"] for entry in self.server.control.repository_index(ready_only=True)})
         if len(names) != 1:
             raise invalid_arg(
                 "no default model for /invocations: set SAGEMAKER_TRITON_DEFAULT_MODEL_NAME "
@@ -257,7 +257,7 @@ class SageMakerApp:
             models = []
             for hashed, archive in sorted(self.archives.items()):
                 try:
-                    ready = self.server.model_ready(archive.target)
+                    ready = self.server.control.model_ready(archive.target)
                 except NaiadError:
                     ready = False
                 if ready:
@@ -298,7 +298,7 @@ class SageMakerApp:
         loop = asyncio.get_running_loop()
         config_json, files = await loop.run_in_executor(None, read_model_directory, directory, name)
         try:
-            await self.server.load_model(name, config_json=config_json, files=files)
+            await self.server.control.load_model(name, config_json=config_json, files=files)
         except NaiadError as exc:
             # The repository API answers an unreadable model 500 (Triton's poll failure); for SageMaker the
             # archive is the client's: a load failure is a 400 (507 when memory ran out, in error_status).
@@ -309,7 +309,7 @@ class SageMakerApp:
     async def _unload_quietly(self, names: list[str]) -> None:
         for name in reversed(names):
             try:
-                await self.server.unload_model(name)
+                await self.server.control.unload_model(name)
             except NaiadError:
                 pass
 
@@ -319,7 +319,7 @@ class SageMakerApp:
             if archive is None:
                 return json_reply({"error": f"model '{name}' is not loaded"}, 404)
             try:
-                await self.server.unload_model(archive.target, unload_dependents=True)
+                await self.server.control.unload_model(archive.target, unload_dependents=True)
             except NaiadError as exc:
                 if exc.code != ErrorCode.NOT_FOUND:
                     raise
@@ -331,7 +331,7 @@ class SageMakerApp:
 class SageMakerFrontend:
     """The SageMaker listener (port --sagemaker-port, address --http-address)."""
 
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.app = SageMakerApp(server)
         self._listener = HttpListener.for_server(self.app, server.config, host, port, "naiad-sagemaker")
 

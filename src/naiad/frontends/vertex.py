@@ -33,7 +33,7 @@ from naiad.frontends.http.responses import Reply, Send
 from naiad.observability.exposition import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 BINARY_MIME = "application/vnd.vertex-ai-triton.binary+json;json-header-size="
 REDIRECT_HEADER = "x-vertex-ai-triton-redirect"
@@ -61,9 +61,9 @@ def redirect_method(target: str) -> str | None:
     return None
 
 
-def resolve_default_model(server: Server, configured: str) -> str:
+def resolve_default_model(server: ServerAPI, configured: str) -> str:
     """--vertex-ai-default-model (which must be loaded), else the only loaded model; ValueError otherwise."""
-    names = sorted({entry["name"] for entry in server.repository_index(ready_only=True)})
+    names = sorted({entry["name"] for entry in server.control.repository_index(ready_only=True)})
     if configured:
         if configured not in names:
             raise ValueError(f"Expect the default model '{configured}' is loaded")
@@ -79,7 +79,7 @@ def resolve_default_model(server: Server, configured: str) -> str:
 class VertexApp:
     """ASGI app of the Vertex AI port."""
 
-    def __init__(self, server: Server, default_model: str) -> None:
+    def __init__(self, server: ServerAPI, default_model: str) -> None:
         config = server.config
         self.server = server
         self.default_model = default_model
@@ -123,7 +123,7 @@ class VertexApp:
 
     async def _redirect(self, scope: dict[str, Any], receive: Receive, send: Send, target: str) -> None:
         if target == "metrics":
-            body = self.server.metrics.render()
+            body = self.server.info.metrics_text()
             await reply(send, Reply(200, body.encode() if isinstance(body, str) else body, METRICS_CONTENT_TYPE.encode()), scope)
             return
         method = redirect_method(target)
@@ -138,7 +138,7 @@ class VertexApp:
 class VertexFrontend:
     """The Vertex AI listener (port --vertex-ai-port / AIP_HTTP_PORT, address --http-address)."""
 
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self._server = server
         self._host = host
         self._port = port

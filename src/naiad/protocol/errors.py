@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 
 class ErrorCode(enum.Enum):
@@ -37,12 +38,20 @@ class NaiadError(Exception):
     def __repr__(self) -> str:
         return f"NaiadError({self.code.name}, {self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (worker processes, the facade's callers) as values.
+        return NaiadError, (self.code, self.message)
+
 
 class DecoupledModelError(NaiadError):
     """A one-response API was used on a decoupled model; each frontend words this its own way."""
 
     def __init__(self, model_name: str) -> None:
         super().__init__(ErrorCode.UNSUPPORTED, f"model '{model_name}' is decoupled: use a streaming API")
+        self.model_name = model_name
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return DecoupledModelError, (self.model_name,)
 
 
 def invalid_arg(message: str) -> NaiadError:

@@ -19,13 +19,18 @@ class SharedMemoryRef:
 
 @dataclass(slots=True)
 class InferInput:
-    """One input tensor, already decoded into a numpy array of the declared shape."""
+    """One input tensor: a numpy array of the declared shape, or where it lies in shared memory.
+
+    A frontend leaves `data` None for an input sent by reference (`shared_memory`); the core reads
+    the region (in place) when it validates the request and sets `data`.
+    """
 
     name: str
     datatype: str
     shape: tuple[int, ...]
-    data: np.ndarray
+    data: np.ndarray | None
     parameters: dict[str, Any] = field(default_factory=dict)
+    shared_memory: SharedMemoryRef | None = None
 
 
 @dataclass(slots=True)

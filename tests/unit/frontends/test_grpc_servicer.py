@@ -64,6 +64,15 @@ class FakeShm:
             raise invalid_arg(f"Unable to find shared memory region: '{ref.region}'")
         return np.full(shape, 7, dtype=np.int32)
 
+    def cuda_status(self, name: str = "") -> list[dict]:
+        return []
+
+    def cuda_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        raise unsupported("CUDA shared memory is not supported")
+
+    def cuda_unregister(self, name: str = "") -> None:
+        return None
+
 
 class FakeServer:
     """Models: echo (outputs OUT_<input> = input), gate (waits for another key), dec (decoupled)."""
@@ -72,6 +81,7 @@ class FakeServer:
         self.config = ServerConfig(allow_client_shm=allow_client_shm, exit_timeout_secs=1.0,
                                    grpc_server_impl=os.environ.get("NAIAD_TEST_GRPC_IMPL", ServerConfig.grpc_server_impl))
         self.shared_memory = FakeShm()
+        self.inference = self.control = self.info = self  # the facade's interfaces, all in this one fake
         self.seen: list[InferenceRequest] = []
         self.cancelled: queue.Queue[str] = queue.Queue()
         self.loads: list[tuple] = []
@@ -129,6 +139,9 @@ class FakeServer:
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
         self._check(request.model_name, request.model_version)
+        for inp in request.inputs:  # as the core does: read inputs sent by shared-memory reference
+            if inp.data is None:
+                inp.data = self.shared_memory.read_tensor(inp.shared_memory, inp.datatype, inp.shape, inp.name)
         with self._seen_changed:
             self.seen.append(request)
             self._seen_changed.notify_all()
@@ -223,14 +236,8 @@ class FakeServer:
             ]
         }
 
-    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
-        return []
-
-    def cuda_shared_memory_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        raise unsupported("CUDA shared memory is not supported")
-
-    def cuda_shared_memory_unregister(self, name: str = "") -> None:
-        return None
+    infer = infer_async  # InferenceAPI's names
+    stream = infer_stream
 
 
 class Running:

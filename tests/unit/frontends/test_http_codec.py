@@ -25,17 +25,11 @@ from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor
 
 
-class _Registry:
-    def read_tensor(self, ref, datatype, shape, name):
-        self.seen = (ref, datatype, shape, name)
-        return np.zeros(shape, dtype=np.float32)
-
-
 class _Server:
-    """Only what the codec touches: model_config (raw requests) and shared_memory."""
+    """Only what the codec touches: info.model_config (raw requests)."""
 
     def __init__(self) -> None:
-        self.shared_memory = _Registry()
+        self.info = self
         self.configs = {}
         cfg = mc.ModelConfig(name="batched", max_batch_size=4)
         cfg.input.add(name="X", data_type=mc.TYPE_INT16, dims=[2, -1])
@@ -114,13 +108,15 @@ def test_decode_outputs_and_plan():
     assert o3.parameters == {"custom": "v"}
 
 
-def test_shm_input_goes_through_registry():
+def test_shm_input_is_a_reference_for_the_core():
     doc = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 3],
                        "parameters": {"shared_memory_region": "reg", "shared_memory_byte_size": 12}}]}
     request, _ = decode(doc)
-    ref, datatype, shape, name = SERVER.shared_memory.seen
-    assert (ref.region, ref.byte_size, ref.offset, datatype, shape, name) == ("reg", 12, 0, "FP32", (1, 3), "X")
-    assert request.inputs[0].parameters == {}
+    x = request.inputs[0]
+    # The core reads the region (core/request_validation.py); the frontend passes the reference on.
+    ref = x.shared_memory
+    assert (ref.region, ref.byte_size, ref.offset, x.datatype, x.shape, x.name, x.data) == ("reg", 12, 0, "FP32", (1, 3), "X", None)
+    assert x.parameters == {}
     doc["inputs"][0]["parameters"] = {"shared_memory_region": "reg"}
     with pytest.raises(NaiadError, match="'shared_memory_byte_size' must be specified"):
         decode(doc)

@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.utils import InferenceServerException
 
 from naiad.config.server_config import ServerConfig
+from naiad.core.shared_memory_service import SharedMemoryService
 from naiad.frontends.http import HttpFrontend
 from naiad.frontends.http.routes import build_router
 from naiad.protocol.errors import (
@@ -47,6 +48,11 @@ def _config(name: str, max_batch: int, inputs, outputs, decoupled: bool = False)
     return cfg
 
 
+class _Regions(SharedMemoryService):
+    def cuda_register(self, name, raw_handle, device_id, byte_size) -> None:
+        raise unsupported("CUDA shared memory is not supported")
+
+
 class FakeServer:
     """Just enough of the facade: a few echo-style models, shm, repository bookkeeping."""
 
@@ -54,7 +60,9 @@ class FakeServer:
         self.config = ServerConfig(
             http_max_input_size=MAX_INPUT, http_body_timeout_secs=1.0, http_header_timeout_secs=1.0
         )
-        self.shared_memory = SystemSharedMemoryRegistry(enabled=True)
+        self.regions = SystemSharedMemoryRegistry(enabled=True)
+        self.shared_memory = _Regions(self.regions)
+        self.inference = self.control = self.info = self  # the facade's interfaces, all in this one fake
         self.models = {
             "identity": _config("identity", 8, [("INPUT0", mc.TYPE_FP32, [-1])], [("OUTPUT0", mc.TYPE_FP32, [-1])]),
             "add_sub": _config(
@@ -128,15 +136,6 @@ class FakeServer:
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         self.unloaded.append((name, unload_dependents))
 
-    def cuda_shared_memory_status(self, name: str = "") -> list[dict]:
-        return []
-
-    def cuda_shared_memory_register(self, name, raw_handle, device_id, byte_size) -> None:
-        raise unsupported("CUDA shared memory is not supported")
-
-    def cuda_shared_memory_unregister(self, name: str = "") -> None:
-        return None
-
     # -- logging extension
     def get_log_settings(self) -> dict:
         return dict(self.log)
@@ -151,6 +150,9 @@ class FakeServer:
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
         self.last_request = request
         cfg = self._cfg(request.model_name, request.model_version)
+        for inp in request.inputs:  # as the core does: read inputs sent by shared-memory reference
+            if inp.data is None:
+                inp.data = self.regions.read_tensor(inp.shared_memory, inp.datatype, inp.shape, inp.name)
         if cfg.model_transaction_policy.decoupled:
             raise DecoupledModelError(request.model_name)
         by_name = {i.name: i for i in request.inputs}
@@ -182,12 +184,14 @@ class FakeServer:
                     arr = arr.reshape(-1)
                 outputs.append(OutputTensor(name, "BYTES", arr.shape, arr))
             elif req is not None and req.shared_memory is not None:
-                self.shared_memory.write(req.shared_memory, array_to_raw(data, datatype), name)
+                self.regions.write(req.shared_memory, array_to_raw(data, datatype), name)
                 outputs.append(OutputTensor(name, datatype, data.shape, None))
             else:
                 outputs.append(OutputTensor(name, datatype, data.shape, data))
         return InferenceResponse(request.model_name, "1", outputs, id=request.id,
                                  parameters={"echo": True} if "echo" in request.parameters else {})
+
+    infer = infer_async  # InferenceAPI's name
 
 
 @pytest.fixture(scope="module")

@@ -11,16 +11,16 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 SERVICE = "grpc.health.v1.Health"
 _SERVING = b"\x08\x01"      # HealthCheckResponse{status: SERVING}
 _NOT_SERVING = b"\x08\x02"  # HealthCheckResponse{status: NOT_SERVING}
 
 
-def health_handler(server: Server) -> grpc.GenericRpcHandler:
+def health_handler(server: ServerAPI) -> grpc.GenericRpcHandler:
     async def check(request: bytes, context: Any) -> bytes:
-        return _SERVING if server.is_ready() else _NOT_SERVING
+        return _SERVING if server.control.is_ready() else _NOT_SERVING
 
     method = grpc.unary_unary_rpc_method_handler(
         check, request_deserializer=lambda data: data, response_serializer=lambda data: data

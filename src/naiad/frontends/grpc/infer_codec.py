@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -25,9 +24,6 @@ from naiad.protocol.types import (
     RequestedOutput,
     SharedMemoryRef,
 )
-
-# Reads an input out of a registered region: (ref, datatype, shape, input name) -> array.
-ShmReader = Callable[[SharedMemoryRef, str, tuple[int, ...], str], np.ndarray]
 
 SHM_DISABLED_MESSAGE = (
     "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable."
@@ -126,7 +122,7 @@ def array_from_contents(
     return array.reshape(shape)
 
 
-def _decode_inputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None) -> list[InferInput]:
+def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool) -> list[InferInput]:
     model = request.model_name
     raw = request.raw_input_contents
     n_raw = len(raw)
@@ -139,15 +135,16 @@ def _decode_inputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None) 
         params = tensor.parameters
         ref = _shm_ref(params, f"input '{name}'", model) if params else None
         has_contents = tensor.HasField("contents")
+        data: np.ndarray | None
         if ref is not None:
             if has_contents:
                 raise invalid_arg(
                     f"contents field must not be specified when using shared memory for '{name}' "
                     f"for model '{model}'"
                 )
-            if shm_reader is None:
+            if not allow_shared_memory:
                 raise unsupported(SHM_DISABLED_MESSAGE)
-            data = shm_reader(ref, datatype, shape, name)
+            data = None  # the core reads the region
         elif n_raw:
             if has_contents:
                 raise invalid_arg(
@@ -163,7 +160,7 @@ def _decode_inputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None) 
         extra = params_to_dict(params) if params else {}
         for key in _SHM_KEYS:
             extra.pop(key, None)
-        inputs.append(InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=extra))
+        inputs.append(InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=extra, shared_memory=ref))
     if raw_index != n_raw:
         raise _raw_count_error(request, n_raw)
     return inputs
@@ -180,7 +177,7 @@ def _raw_count_error(request: pb.ModelInferRequest, n_raw: int) -> NaiadError:
     )
 
 
-def _decode_outputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None) -> list[RequestedOutput]:
+def _decode_outputs(request: pb.ModelInferRequest, allow_shared_memory: bool) -> list[RequestedOutput]:
     model = request.model_name
     outputs: list[RequestedOutput] = []
     for tensor in request.outputs:
@@ -190,7 +187,7 @@ def _decode_outputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None)
             outputs.append(RequestedOutput(name=name))
             continue
         ref = _shm_ref(params, f"output '{name}'", model)
-        if ref is not None and shm_reader is None:
+        if ref is not None and not allow_shared_memory:
             raise unsupported(SHM_DISABLED_MESSAGE)
         classification = 0
         if "classification" in params:
@@ -217,15 +214,16 @@ def _decode_outputs(request: pb.ModelInferRequest, shm_reader: ShmReader | None)
 
 def decode_infer_request(
     request: pb.ModelInferRequest,
-    shm_reader: ShmReader | None,
+    allow_shared_memory: bool,
 ) -> InferenceRequest:
     """Decode a ModelInferRequest; raises NaiadError (INVALID_ARG) on malformed input.
 
-    `shm_reader` is None when client shared memory is disabled.
-    The model name was checked by the caller (InferenceServicer._check_target), before anything else.
+    Shared-memory inputs and outputs are decoded as references (the core reads and writes the
+    regions); with `allow_shared_memory` False (--allow-client-shm=false) they are refused.
+    The model name was checked by the caller (InferenceServicer._decode), before anything else.
     """
     try:
-        inputs = _decode_inputs(request, shm_reader)
+        inputs = _decode_inputs(request, allow_shared_memory)
     except ValueError as exc:  # numpy refusing a shape (too many dims, too large)
         raise invalid_arg(f"invalid input tensor for model '{request.model_name}': {exc}") from None
     decoded = InferenceRequest(
@@ -233,7 +231,7 @@ def decode_infer_request(
         inputs=inputs,
         model_version=request.model_version,
         id=request.id,
-        outputs=_decode_outputs(request, shm_reader) if request.outputs else [],
+        outputs=_decode_outputs(request, allow_shared_memory) if request.outputs else [],
     )
     if request.parameters:
         apply_request_params(request.parameters, decoded)

@@ -19,7 +19,7 @@ from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def bind_address(host: str, port: int) -> str:
 class GrpcFrontend:
     """The gRPC listener of a Naiad server; runs in the event loop `naiad serve` owns."""
 
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self._server = server
         self._host = host
         self._port = port

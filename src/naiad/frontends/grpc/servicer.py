@@ -6,14 +6,12 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from naiad.frontends.grpc.infer_codec import (
     SHM_DISABLED_MESSAGE,
-    ShmReader,
     decode_infer_request,
     encode_infer_response,
 )
@@ -22,10 +20,10 @@ from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
 from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, unsupported
-from naiad.protocol.types import InferenceRequest, InferenceResponse, SharedMemoryRef
+from naiad.protocol.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 DECOUPLED_UNARY_MESSAGE = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 REPOSITORY_NAME_MESSAGE = "'repository_name' specification is not supported"
@@ -63,40 +61,38 @@ def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe v2 gRPC service on top of the Server facade."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self._server = server
-        self._shm_reader: ShmReader | None = self._read_shm if server.config.allow_client_shm else None
-
-    def _read_shm(self, ref: SharedMemoryRef, datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray:
-        return self._server.shared_memory.read_tensor(ref, datatype, shape, name)
+        self._inference = server.inference
+        self._allow_shm = server.config.allow_client_shm
 
     async def _stream_responses(
         self, request: InferenceRequest
     ) -> AsyncIterator[tuple[InferenceResponse | None, bool]]:
         """Responses of one stream request (one for ordinary models, any number for decoupled ones)."""
-        async for item in self._server.infer_stream(request, errors_inline=True):
+        async for item in self._inference.stream(request, errors_inline=True):
             yield item
 
     def _check_client_shm(self) -> None:
-        if self._shm_reader is None:
+        if not self._allow_shm:
             raise unsupported(SHM_DISABLED_MESSAGE)
 
     # ------------------------------------------------------------ health and metadata
 
     @guarded
     async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
-        return pb.ServerLiveResponse(live=self._server.is_live())
+        return pb.ServerLiveResponse(live=self._server.control.is_live())
 
     @guarded
     async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self._server.is_ready())
+        return pb.ServerReadyResponse(ready=self._server.control.is_ready())
 
     @guarded
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
         # Triton 2.51 answers OK with ready=false for unknown or unavailable models (observed),
         # but INVALID_ARGUMENT for a version string that is not a version.
         try:
-            return pb.ModelReadyResponse(ready=self._server.model_ready(request.name, request.version))
+            return pb.ModelReadyResponse(ready=self._server.control.model_ready(request.name, request.version))
         except NaiadError as exc:
             if exc.code is ErrorCode.NOT_FOUND:
                 return pb.ModelReadyResponse(ready=False)
@@ -104,14 +100,14 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     @guarded
     async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> pb.ServerMetadataResponse:
-        meta = self._server.metadata()
+        meta = self._server.info.metadata()
         return pb.ServerMetadataResponse(
             name=meta["name"], version=meta["version"], extensions=meta.get("extensions", [])
         )
 
     @guarded
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> pb.ModelMetadataResponse:
-        meta = self._server.model_metadata(request.name, request.version)
+        meta = self._server.info.model_metadata(request.name, request.version)
         return pb.ModelMetadataResponse(
             name=meta["name"],
             versions=meta.get("versions", []),
@@ -123,31 +119,35 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @guarded
     async def ModelConfig(self, request: pb.ModelConfigRequest, context: Any) -> pb.ModelConfigResponse:
         response = pb.ModelConfigResponse()
-        response.config.CopyFrom(self._server.model_config(request.name, request.version))
+        response.config.CopyFrom(self._server.info.model_config(request.name, request.version))
         return response
 
     @guarded
     async def ModelStatistics(
         self, request: pb.ModelStatisticsRequest, context: Any
     ) -> pb.ModelStatisticsResponse:
-        stats = self._server.model_statistics(request.name, request.version)
+        stats = self._server.info.model_statistics(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse(), ignore_unknown_fields=True)
 
     # ------------------------------------------------------------ inference
 
-    def _check_target(self, request: pb.ModelInferRequest) -> None:
-        """An invalid model name first, then an unknown model (NOT_FOUND), before any tensor is decoded."""
+    def _decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
+        """An invalid model name first; then an unknown model (NOT_FOUND) rather than what its tensors
+        got wrong. The model is looked up only when decoding fails: a good request is looked up once, in infer."""
         check_model_name(request.model_name)
-        self._server.check_servable(request.model_name, request.model_version)
+        try:
+            return decode_infer_request(request, self._allow_shm)
+        except NaiadError:
+            self._inference.check_servable(request.model_name, request.model_version)
+            raise
 
     @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        self._check_target(request)
-        decoded = decode_infer_request(request, self._shm_reader)
+        decoded = self._decode(request)
         metadata = context.invocation_metadata() if propagating() else ()
         try:
             with incoming_traceparent(metadata or ()):
-                response = await self._server.infer_async(decoded)
+                response = await self._inference.infer(decoded)
         except DecoupledModelError:
             raise unsupported(DECOUPLED_UNARY_MESSAGE) from None
         return encode_infer_response(response)
@@ -155,7 +155,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
     ) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        session = StreamSession(self._stream_responses, self._shm_reader, grpc_error_mode(context), self._check_target)
+        session = StreamSession(self._stream_responses, self._decode, grpc_error_mode(context))
         async with contextlib.aclosing(session.responses(request_iterator)) as items:
             async for item in items:
                 if isinstance(item, Fatal):
@@ -169,7 +169,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.RepositoryIndexRequest, context: Any
     ) -> pb.RepositoryIndexResponse:
         _check_repository_name(request.repository_name)
-        entries = self._server.repository_index(ready_only=request.ready)
+        entries = self._server.control.repository_index(ready_only=request.ready)
         return pb.RepositoryIndexResponse(
             models=[
                 pb.RepositoryIndexResponse.ModelIndex(
@@ -188,7 +188,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.RepositoryModelLoadResponse:
         _check_repository_name(request.repository_name)
         config, files = _load_parameters(request.parameters)
-        await self._server.load_model(request.model_name, config_json=config, files=files or None)
+        await self._server.control.load_model(request.model_name, config_json=config, files=files or None)
         return pb.RepositoryModelLoadResponse()
 
     @guarded
@@ -202,7 +202,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             if param.WhichOneof("parameter_choice") != "bool_param":
                 raise invalid_arg("invalid value type for 'unload_dependents' parameter, expected bool_param.")
             unload_dependents = param.bool_param
-        await self._server.unload_model(request.model_name, unload_dependents=unload_dependents)
+        await self._server.control.unload_model(request.model_name, unload_dependents=unload_dependents)
         return pb.RepositoryModelUnloadResponse()
 
     # ------------------------------------------------------------ shared memory
@@ -244,7 +244,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryStatusRequest, context: Any
     ) -> pb.CudaSharedMemoryStatusResponse:
         response = pb.CudaSharedMemoryStatusResponse()
-        for region in self._server.cuda_shared_memory_status(request.name):
+        for region in self._server.shared_memory.cuda_status(request.name):
             response.regions[region["name"]].CopyFrom(
                 pb.CudaSharedMemoryStatusResponse.RegionStatus(
                     name=region["name"], device_id=region.get("device_id", 0), byte_size=region["byte_size"]
@@ -257,7 +257,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Any
     ) -> pb.CudaSharedMemoryRegisterResponse:
         self._check_client_shm()
-        self._server.cuda_shared_memory_register(
+        self._server.shared_memory.cuda_register(
             request.name, request.raw_handle, request.device_id, request.byte_size
         )
         return pb.CudaSharedMemoryRegisterResponse()
@@ -267,7 +267,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.CudaSharedMemoryUnregisterRequest, context: Any
     ) -> pb.CudaSharedMemoryUnregisterResponse:
         self._check_client_shm()
-        self._server.cuda_shared_memory_unregister(request.name)
+        self._server.shared_memory.cuda_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # ------------------------------------------------------------ trace and log settings
@@ -283,9 +283,9 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             else:
                 changes[key] = values if key == "trace_level" else values[0]
         if changes:
-            current = self._server.update_trace_settings(request.model_name, changes)
+            current = self._server.info.update_trace_settings(request.model_name, changes)
         else:
-            current = self._server.get_trace_settings(request.model_name)
+            current = self._server.info.get_trace_settings(request.model_name)
         response = pb.TraceSettingResponse()
         for key, value in current.items():
             response.settings[key].value.extend(value if isinstance(value, list) else [value])
@@ -297,7 +297,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         for key, setting in request.settings.items():
             choice = setting.WhichOneof("parameter_choice")
             changes[key] = getattr(setting, choice) if choice else None
-        current = self._server.update_log_settings(changes) if changes else self._server.get_log_settings()
+        current = self._server.info.update_log_settings(changes) if changes else self._server.info.get_log_settings()
         response = pb.LogSettingsResponse()
         for key, value in current.items():
             if isinstance(value, bool):

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.grpc.infer_codec import ShmReader, decode_infer_request, encode_infer_response
+from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response
 from naiad.frontends.grpc.params import FINAL_RESPONSE, empty_final_response_flag
 from naiad.frontends.grpc.status import error_of
 from naiad.protocol.errors import NaiadError
@@ -20,6 +21,7 @@ logger = logging.getLogger(__name__)
 
 # Produces the responses of one request as (response, is_final) pairs; a flag-only final is (None, True).
 ResponseSource = Callable[[InferenceRequest], AsyncIterator[tuple[InferenceResponse | None, bool]]]
+Decode = Callable[[pb.ModelInferRequest], InferenceRequest]
 
 GRPC_ERROR_HEADER = "triton_grpc_error"
 MAX_IN_FLIGHT = 4096  # per stream: past this, reading pauses and HTTP/2 flow control pushes back
@@ -74,11 +76,10 @@ def stream_response(
 class StreamSession:
     """State of one ModelStreamInfer call: a reader task, in-flight request tasks and one writer."""
 
-    def __init__(self, source: ResponseSource, shm_reader: ShmReader | None, fatal_errors: bool,
-                 check_target: Callable[[pb.ModelInferRequest], None] | None = None) -> None:
+    def __init__(self, source: ResponseSource, decode: Decode | None, fatal_errors: bool) -> None:
+        """`decode` turns a message into a request (None: decode_infer_request, shared memory refused)."""
         self._source = source
-        self._check_target = check_target  # an unknown model fails before its tensors are decoded
-        self._shm_reader = shm_reader
+        self._decode = decode or partial(decode_infer_request, allow_shared_memory=False)
         self._fatal_errors = fatal_errors
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._in_flight: set[asyncio.Task[None]] = set()
@@ -122,9 +123,7 @@ class StreamSession:
     def _start(self, message: pb.ModelInferRequest) -> None:
         try:
             send_empty_final = empty_final_response_flag(message.parameters)
-            if self._check_target is not None:
-                self._check_target(message)
-            request = decode_infer_request(message, self._shm_reader)
+            request = self._decode(message)
         except Exception as exc:
             self._slots.release()
             self._fail(message, error_of(exc))

@@ -15,13 +15,13 @@ from naiad.frontends.openai.app import OpenAIApp
 from naiad.frontends.security import header_forwarder
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
 class HttpApp:
     """ASGI 3 callable for one Server (no lifespan, no websockets)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
         self.infer = InferHandler(server)
         self.generate = GenerateHandler(server)

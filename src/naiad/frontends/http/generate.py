@@ -25,7 +25,7 @@ from naiad.protocol.tensor_codec import array_from_json, array_to_json
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 logger = logging.getLogger("naiad.http")
 
@@ -55,11 +55,11 @@ def _tensor_shape(declared: list[int], count: int, name: str) -> tuple[int, ...]
     return tuple(shape)
 
 
-def build_generate_request(server: Server, model: str, version: str, doc: Any) -> InferenceRequest:
+def build_generate_request(server: ServerAPI, model: str, version: str, doc: Any) -> InferenceRequest:
     """Map a flat JSON object onto inputs (keys naming inputs) and request parameters (the rest)."""
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    metadata = server.model_metadata(model, version)
+    metadata = server.info.model_metadata(model, version)
     inputs_meta = {entry["name"]: entry for entry in metadata["inputs"]}
     if "parameters" in inputs_meta:
         raise invalid_arg("'parameters' can not be used as an input name for the generate extension")
@@ -109,7 +109,7 @@ def response_document(response: InferenceResponse) -> dict[str, Any]:
 class GenerateHandler:
     """Both generate endpoints; errors before the first response are ordinary JSON errors."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
         self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
 
@@ -138,7 +138,7 @@ class GenerateHandler:
             await self._single(send, first, responses)
 
     async def _responses(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        async for response, _final in self.server.infer_stream(request):
+        async for response, _final in self.server.inference.stream(request):
             if response is not None:
                 yield response
 

@@ -11,7 +11,7 @@ from naiad.frontends.http.responses import Reply, empty_reply, json_reply
 from naiad.protocol.errors import invalid_arg, unsupported
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 REPOSITORY_NAME_UNSUPPORTED = "'repository_name' specification is not supported"
 
@@ -48,7 +48,7 @@ def decode_load_parameters(params: Any) -> tuple[str | None, dict[str, bytes] | 
 class RepositoryHandlers:
     """Repository control through the facade; the control-mode rules live in the core."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
 
     async def index(self, request: RouteRequest) -> Reply:
@@ -57,14 +57,14 @@ class RepositoryHandlers:
         ready = doc.get("ready", False)
         if not isinstance(ready, bool):
             raise invalid_arg("Unable to parse 'ready': expected a boolean")
-        return json_reply(self.server.repository_index(ready_only=ready))
+        return json_reply(self.server.control.repository_index(ready_only=ready))
 
     async def load(self, request: RouteRequest) -> Reply:
         _check_repository_name(request)
         name = request.param("model")
         doc = await request.json_object()
         config, files = decode_load_parameters(doc.get("parameters"))
-        await self.server.load_model(name, config_json=config, files=files)
+        await self.server.control.load_model(name, config_json=config, files=files)
         return empty_reply(200)
 
     async def unload(self, request: RouteRequest) -> Reply:
@@ -77,5 +77,5 @@ class RepositoryHandlers:
         dependents = params.get("unload_dependents", False)
         if not isinstance(dependents, bool):
             raise invalid_arg(f"Unable to parse 'unload_dependents': expected a boolean, got {dependents!r}")
-        await self.server.unload_model(name, unload_dependents=dependents)
+        await self.server.control.unload_model(name, unload_dependents=dependents)
         return empty_reply(200)

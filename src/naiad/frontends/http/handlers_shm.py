@@ -13,7 +13,7 @@ from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import json_preview
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
 def _uint_field(doc: dict[str, Any], key: str, required: bool, default: int = 0) -> int:
@@ -28,9 +28,9 @@ def _uint_field(doc: dict[str, Any], key: str, required: bool, default: int = 0)
 
 
 class SharedMemoryHandlers:
-    """Region management; system regions live in server.shared_memory, CUDA ones behind the facade."""
+    """Region management through the facade's shared-memory interface (system regions; CUDA ones are refused)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
 
     async def system_status(self, request: RouteRequest) -> Reply:
@@ -56,7 +56,7 @@ class SharedMemoryHandlers:
         return empty_reply(200)
 
     async def cuda_status(self, request: RouteRequest) -> Reply:
-        return json_reply(self.server.cuda_shared_memory_status(request.param("region")))
+        return json_reply(self.server.shared_memory.cuda_status(request.param("region")))
 
     async def cuda_register(self, request: RouteRequest) -> Reply:
         region = request.param("region")
@@ -75,9 +75,9 @@ class SharedMemoryHandlers:
             raise invalid_arg(f"Unable to decode base64 content of 'raw_handle': {exc}") from None
         byte_size = _uint_field(doc, "byte_size", required=True)
         device_id = _uint_field(doc, "device_id", required=True)
-        self.server.cuda_shared_memory_register(region, raw_handle, device_id, byte_size)
+        self.server.shared_memory.cuda_register(region, raw_handle, device_id, byte_size)
         return empty_reply(200)
 
     async def cuda_unregister(self, request: RouteRequest) -> Reply:
-        self.server.cuda_shared_memory_unregister(request.param("region"))
+        self.server.shared_memory.cuda_unregister(request.param("region"))
         return empty_reply(200)

@@ -39,7 +39,7 @@ from naiad.protocol.types import (
 )
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 _INPUT_CONSUMED = ("binary_data_size", *SHM_KEYS)
 _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
@@ -71,7 +71,7 @@ def parse_header_length(value: bytes | None, body_length: int) -> int | None:
 
 
 def decode_infer_request(
-    server: Server, model: str, version: str, body: bytes, header_length: int | None
+    server: ServerAPI, model: str, version: str, body: bytes, header_length: int | None
 ) -> tuple[InferenceRequest, OutputPlan]:
     """Decode a (decompressed) infer body; header_length None = all JSON, 0 = raw binary input."""
     if header_length == 0:
@@ -91,14 +91,12 @@ def decode_infer_request(
         raise invalid_arg("Unable to parse 'id'")
     request.id = raw_id
     plan = OutputPlan(default_binary=apply_request_parameters(doc.get("parameters"), request))
-    _decode_inputs(server, request, doc.get("inputs"), binary, header_length is not None)
+    _decode_inputs(request, doc.get("inputs"), binary, header_length is not None)
     _decode_outputs(request, plan, doc.get("outputs"))
     return request, plan
 
 
-def _decode_inputs(
-    server: Server, request: InferenceRequest, raw_inputs: Any, binary: memoryview, has_header: bool
-) -> None:
+def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryview, has_header: bool) -> None:
     if not isinstance(raw_inputs, list):
         raise invalid_arg("Unable to parse 'inputs'")
     offset = 0
@@ -118,6 +116,7 @@ def _decode_inputs(
         has_binary = "binary_data_size" in params
         has_shm = "shared_memory_region" in params
         check_input_source(name, "data" in raw, has_binary, has_shm)
+        ref = None
         if has_binary:
             size = as_uint(params["binary_data_size"], "binary_data_size")
             if size and not has_header:
@@ -134,12 +133,11 @@ def _decode_inputs(
             array = array_from_raw(datatype, shape, binary[offset : offset + size], name)
             offset += size
         elif has_shm:
-            ref = shared_memory_ref(params)
-            array = server.shared_memory.read_tensor(ref, datatype, shape, name)
+            array, ref = None, shared_memory_ref(params)  # the core reads the region
         else:
             array = array_from_json(datatype, shape, raw["data"], name)
         request.inputs.append(
-            InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED))
+            InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED), ref)
         )
     if offset != available:
         raise invalid_arg(f"unexpected additional input data for model '{request.model_name}'")

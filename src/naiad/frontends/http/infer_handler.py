@@ -20,6 +20,7 @@ from naiad.frontends.http.errors import (
     status_and_message,
 )
 from naiad.frontends.http.infer_codec import (
+    OutputPlan,
     decode_infer_request,
     encode_infer_response,
     parse_header_length,
@@ -28,9 +29,10 @@ from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import HeaderForwarder
 from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
+from naiad.protocol.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import InferenceAPI, ServerAPI
 
 logger = logging.getLogger("naiad.http")
 
@@ -38,29 +40,37 @@ DECOUPLED_MESSAGE = "HTTP end point doesn't support models with decoupled transa
 
 
 async def infer_payload(
-    server: Server, model: str, version: str, body: bytes, header_length: int | None,
+    server: ServerAPI, model: str, version: str, body: bytes, header_length: int | None,
     scope: dict[str, Any], forward_headers: Any,
 ) -> tuple[bytes, int | None]:
     """Decode a v2 infer body, run it, encode the answer: (payload, JSON header length or None).
 
-    Shared by the v2 endpoint and the cloud (SageMaker, Vertex AI) invocation routes.
+    The cloud (SageMaker, Vertex AI) invocation routes' path.
     """
     request, plan = decode_infer_request(server, model, version, body, header_length)
+    return await infer_decoded(server.inference, request, plan, scope, forward_headers)
+
+
+async def infer_decoded(
+    inference: InferenceAPI, request: InferenceRequest, plan: OutputPlan, scope: dict[str, Any], forward_headers: Any,
+) -> tuple[bytes, int | None]:
+    """Run a decoded request and encode the answer: (payload, JSON header length or None)."""
     if forward_headers is not None:
         forward_headers.apply(scope["headers"], request.parameters)
     try:
         with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
-            response = await server.infer_async(request)
+            response = await inference.infer(request)
     except DecoupledModelError:
         raise unsupported(DECOUPLED_MESSAGE) from None
     return encode_infer_response(response, plan)
 
 
 class InferHandler:
-    """Reads the bounded body, decodes, calls server.infer_async, encodes (optionally compressed)."""
+    """Reads the bounded body, decodes, calls `inference.infer`, encodes (optionally compressed)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
+        self.inference = server.inference
         self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
 
     async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
@@ -69,12 +79,18 @@ class InferHandler:
         limit = server.config.http_max_input_size
         try:
             body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
-            server.check_servable(model, version)  # an unknown model is a 404 whatever the body holds
-            if headers.content_encoding is not None:
-                body = decompress_body(body, headers.content_encoding, limit)
-            header_length = parse_header_length(headers.infer_header_length, len(body))
+            try:
+                if headers.content_encoding is not None:
+                    body = decompress_body(body, headers.content_encoding, limit)
+                header_length = parse_header_length(headers.infer_header_length, len(body))
+                request, plan = decode_infer_request(server, model, version, body, header_length)
+            except (NaiadError, HttpError):
+                # An unknown model is a 404 whatever the body holds; asked only when the body fails,
+                # so that a request that decodes looks its model up once (in infer).
+                self.inference.check_servable(model, version)
+                raise
             payload, json_length = await until_disconnect(
-                receive, infer_payload(server, model, version, body, header_length, scope, self.forward_headers), scope
+                receive, infer_decoded(self.inference, request, plan, scope, self.forward_headers), scope
             )
         except ClientDisconnected:
             return

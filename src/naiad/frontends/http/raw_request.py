@@ -13,12 +13,12 @@ from naiad.protocol.tensor_codec import array_from_raw
 from naiad.protocol.types import InferenceRequest, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
-def decode_raw_request(server: Server, model: str, version: str, body: bytes) -> InferenceRequest:
+def decode_raw_request(server: ServerAPI, model: str, version: str, body: bytes) -> InferenceRequest:
     """Build the one input from the model config: batch dim 1, one variable dim deduced from the size."""
-    config = server.model_config(model, version)
+    config = server.info.model_config(model, version)
     prefix = request_prefix("")
     if len(config.input) != 1:
         raise invalid_arg(

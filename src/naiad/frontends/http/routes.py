@@ -28,7 +28,7 @@ from naiad.frontends.http.infer_handler import InferHandler
 from naiad.frontends.http.responses import Send
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
 class _VersionConvertor(Convertor[str]):
@@ -73,7 +73,7 @@ class RouteTable:
 _VERSIONED = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
 
 
-def build_routes(server: Server, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
+def build_routes(server: ServerAPI, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
     """The HTTP/REST port's whole table (see the module docstring for the order)."""
     fast = (
         FastRoute("/infer", re.compile(_VERSIONED + "/infer"),
@@ -86,7 +86,7 @@ def build_routes(server: Server, infer: InferHandler, generate: GenerateHandler,
     return RouteTable(fast, (("/v1/", openai),), build_router(server))
 
 
-def build_router(server: Server) -> Router:
+def build_router(server: ServerAPI) -> Router:
     """The Router's routes; wrong method on a known path -> JSON 405, unknown path -> JSON 404."""
     models = ModelHandlers(server)
     repository = RepositoryHandlers(server)

@@ -8,13 +8,13 @@ from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.listener import HttpListener, tls_options
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
 class HttpFrontend:
     """The HTTP/REST endpoint of one Server."""
 
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.server = server
         self.app = HttpApp(server)
         settings = server.config

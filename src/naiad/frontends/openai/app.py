@@ -28,7 +28,7 @@ from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 OWNER = "Naiad"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
@@ -79,7 +79,7 @@ class Piece:
 class OpenAIApp:
     """Serves /v1 for one Server; usable as a standalone ASGI app or mounted in the HTTP app."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: ServerAPI) -> None:
         self.server = server
         self.created = int(time.time())
         # The route table: (the whole path, trailing slash ignored; the one method allowed, or None
@@ -130,7 +130,7 @@ class OpenAIApp:
         await self._generate(scope, receive, send, chat=True)
 
     async def _health(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        await _send_json(send, 200 if self.server.is_ready() else 503, b"{}")
+        await _send_json(send, 200 if self.server.control.is_ready() else 503, b"{}")
 
     @staticmethod
     def _only(method: str, allowed: str) -> None:
@@ -145,12 +145,12 @@ class OpenAIApp:
     def _llm_models(self) -> list[str]:
         """Ready models that take text_input (BYTES) and give text_output: the vLLM contract."""
         names = []
-        for entry in self.server.repository_index(ready_only=True):
+        for entry in self.server.control.repository_index(ready_only=True):
             name = entry["name"]
             if name in names:
                 continue
             try:
-                meta = self.server.model_metadata(name)
+                meta = self.server.info.model_metadata(name)
             except NaiadError:
                 continue
             inputs = {t["name"]: t["datatype"] for t in meta["inputs"]}
@@ -205,7 +205,7 @@ class OpenAIApp:
 
     def _chat_prompt(self, request: GenerationRequest) -> str:
         try:
-            prompt = self.server.apply_chat_template(request.model, request.messages, request.add_generation_prompt)
+            prompt = self.server.inference.apply_chat_template(request.model, request.messages, request.add_generation_prompt)
         except NaiadError as exc:
             raise ApiError(400 if exc.code is not ErrorCode.NOT_FOUND else 404, exc.message) from None
         except Exception as exc:  # a template error (jinja) is the request's problem
@@ -215,7 +215,7 @@ class OpenAIApp:
         return prompt
 
     def _input_names(self, model: str) -> set[str]:
-        return {t["name"] for t in self.server.model_metadata(model)["inputs"]}
+        return {t["name"] for t in self.server.info.model_metadata(model)["inputs"]}
 
     async def _choice(self, request: GenerationRequest, prompt: str | list[int], inputs: set[str], index: int,
                       nth: int, prompt_index: int) -> AsyncIterator[Piece]:
@@ -232,7 +232,7 @@ class OpenAIApp:
         infer = InferenceRequest(model_name=request.model, model_version="",
                                  inputs=[t for t in tensors if t.name in inputs])
         prompt_tokens = 0
-        async for response, final in self.server.infer_stream(infer):
+        async for response, final in self.server.inference.stream(infer):
             text, reason, out_tokens = "", None, 0
             if response is not None:
                 outputs = {o.name: o.data for o in response.outputs if o.data is not None}

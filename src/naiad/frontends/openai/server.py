@@ -8,11 +8,11 @@ from naiad.frontends.http.listener import HttpListener
 from naiad.frontends.openai.app import OpenAIApp
 
 if TYPE_CHECKING:
-    from naiad.core.server import Server
+    from naiad.core.facade import ServerAPI
 
 
 class OpenAIFrontend:
-    def __init__(self, server: Server, host: str, port: int) -> None:
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.server = server
         self.app = OpenAIApp(server)
         self._listener = HttpListener.for_server(self.app, server.config, host, port, "naiad-openai")
