@@ -1,12 +1,13 @@
-"""The Backend and ModelInstance protocols every framework module implements."""
+"""The Backend protocols every framework module implements, and the Instance protocol the server runs them through."""
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -75,18 +76,6 @@ class ModelInstance(Protocol):
     def close(self) -> None: ...
 
 
-class Backend(Protocol):
-    """A framework: completes configs from model files and creates instances."""
-
-    name: str
-
-    def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
-        """Add what the model file tells (inputs, outputs, max_batch_size); never override config values."""
-        ...
-
-    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> ModelInstance: ...
-
-
 @dataclass
 class BackendRequest:
     """One request as request-level backends (Python) see it: never concatenated with others."""
@@ -127,7 +116,52 @@ ExecutionTiming = tuple[int, int]
 ExecutionOutcome = ExecutionTiming | asyncio.Future | None
 
 
-class RequestModelInstance(Protocol):
+# A tokenizer's chat template: (messages, add_generation_prompt) -> prompt.
+ChatTemplate = Callable[[list[dict[str, Any]], bool], str]
+
+
+class Instance(Protocol):
+    """What an InstancePool hands out: schedulers, health, memory accounting and unload use only this.
+
+    Every capability is declared here (a default where most instances need nothing), never probed.
+    The two adapters are `ThreadInstance` (a ModelInstance on its own thread) and `ProcessInstance`
+    (an instance in a worker process); request-level instances (`RequestModelInstance`) are one too.
+    """
+
+    name: str
+    # True: after a cancelled execution, take_unfinished() names the work still running, so the caller
+    # can release the instance once it ended. False: the pool runs each execution shielded in a task.
+    tracks_unfinished: bool
+    # True: the instance runs in a worker process of its own (`pid`), outside the server's memory.
+    in_worker_process: bool
+
+    @property
+    def pid(self) -> int:
+        """Process id of the worker running the instance; 0 in the server process or while restarting."""
+        ...
+
+    def take_unfinished(self) -> asyncio.Future[Any] | concurrent.futures.Future[Any] | None:
+        """After a cancelled execution: what still runs (only meaningful when tracks_unfinished)."""
+        ...
+
+    def queued(self) -> int:
+        """Executions handed over ahead that have not started yet (a worker's pipeline); 0 for most."""
+        ...
+
+    def memory_bytes(self) -> int:
+        """Memory the instance holds outside the server process (its worker's RSS); 0 for most."""
+        ...
+
+    def chat_template(self) -> ChatTemplate | None:
+        """The tokenizer's chat template of an LLM instance (OpenAI chat completions); None for others."""
+        ...
+
+    def healthy(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+
+class RequestModelInstance(Instance, Protocol):
     """An instance that executes requests individually and may respond several times (decoupled).
 
     `execute_requests` returns when the instance is free for the next batch, usually once the
@@ -137,14 +171,73 @@ class RequestModelInstance(Protocol):
     execution ended (the statistics then count the execution when it did); None: the caller times it.
     """
 
-    name: str
-
     async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome: ...
 
-    def healthy(self) -> bool: ...
 
-    async def aclose(self) -> None: ...
+class InProcessRequestInstance:
+    """Defaults of the Instance capabilities for a request-level instance running in the server process."""
+
+    tracks_unfinished = False
+    in_worker_process = False
+    pid = 0
+
+    def take_unfinished(self) -> asyncio.Future[Any] | concurrent.futures.Future[Any] | None:
+        return None
+
+    def queued(self) -> int:
+        return 0
+
+    def memory_bytes(self) -> int:
+        return 0
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None
 
 
-# What a backend's create_instance(_async) returns: a tensor instance or a request-level one.
+# What a backend's create_instance returns: a tensor instance or a request-level one.
 BackendInstance = ModelInstance | RequestModelInstance
+
+
+class TensorBackend(Protocol):
+    """A framework whose instances take tensors: ONNX Runtime, PyTorch, TensorFlow, OpenVINO, FIL.
+
+    `create_instance` blocks (it loads the model) and runs on a loader thread; each instance then runs
+    on its own thread, or in a worker process of its own when the model asks for it (INSTANCE_PROCESS).
+    """
+
+    name: str
+    kind: Literal["tensor"]
+
+    def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
+        """Add what the model file tells (inputs, outputs, max_batch_size); never override config values."""
+        ...
+
+    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> ModelInstance: ...
+
+
+class RequestBackend(Protocol):
+    """A framework whose instances take whole requests on the event loop (the LLM engines)."""
+
+    name: str
+    kind: Literal["request"]
+
+    def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None: ...
+
+    async def create_instance(self, source: ModelSource, spec: InstanceSpec) -> RequestModelInstance: ...
+
+
+class ProcessBackend(Protocol):
+    """A backend whose model code runs only in worker processes: Triton's Python backend (model.py).
+
+    The process runtime (`naiad.runtime.process`) hosts the model file in each instance's worker, and
+    runs its `auto_complete_config` in a throw-away worker. A Python-based backend
+    (`<backend-directory>/<name>/model.py`) has a `shared_model_file` run for every model using it.
+    """
+
+    name: str
+    kind: Literal["process"]
+    shared_model_file: Path | None
+
+
+# What the registry finds by name; `kind` tells which of the three it is.
+Backend = TensorBackend | RequestBackend | ProcessBackend

@@ -138,6 +138,7 @@ class FilBackend:
     """`backend: "fil"`: the tree model is loaded by its own framework, outputs follow RAPIDS FIL."""
 
     name = "fil"
+    kind = "tensor"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         params = FilParameters.from_config(config)

@@ -47,6 +47,7 @@ class OnnxRuntimeBackend:
     """`backend: "onnxruntime"` / `platform: "onnxruntime_onnx"`."""
 
     name = "onnxruntime"
+    kind = "tensor"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         path = _resolve_model_path(model_file)

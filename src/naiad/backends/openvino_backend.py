@@ -76,6 +76,7 @@ class OpenVinoBackend:
     """`backend: "openvino"`: one compiled model and infer request per instance."""
 
     name = "openvino"
+    kind = "tensor"
 
     def __init__(self) -> None:
         self._core = ov.Core()

@@ -231,6 +231,7 @@ class PyTorchBackend:
     """`backend: "pytorch"` / `platform: "pytorch_libtorch"` / `platform: "torch_aoti"`."""
 
     name = "pytorch"
+    kind = "tensor"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

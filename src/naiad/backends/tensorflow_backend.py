@@ -81,6 +81,7 @@ class TensorFlowBackend:
     """`backend: "tensorflow"`, platforms `tensorflow_savedmodel` and `tensorflow_graphdef`."""
 
     name = "tensorflow"
+    kind = "tensor"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         if _is_graphdef(config, model_file):

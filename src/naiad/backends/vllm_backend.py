@@ -24,6 +24,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
+    InProcessRequestInstance,
     InstanceSpec,
     ModelSource,
     ResponseCallback,
@@ -263,14 +265,12 @@ def read_settings(version_dir: Path) -> dict[str, Any]:
 
 class VllmBackend:
     name = "vllm"
+    kind = "request"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         auto_complete(config)
 
-    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
-        raise ConfigError("the vllm backend creates its instances on the event loop (create_instance_async)")
-
-    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> VllmInstance:
+    async def create_instance(self, source: ModelSource, spec: InstanceSpec) -> VllmInstance:
         config = source.config
         if not config.model_transaction_policy.decoupled:
             raise ConfigError(f"model '{config.name}': the vllm backend needs "
@@ -291,7 +291,7 @@ def _parameter(config: mc.ModelConfig, key: str) -> str:
     return config.parameters[key].string_value if key in config.parameters else ""
 
 
-class VllmInstance:
+class VllmInstance(InProcessRequestInstance):
     """Each request runs as a task over adapter.generate; one watcher aborts those whose client went away.
 
     With the adapter's stats (REPORT_CUSTOM_METRICS), the `vllm:*` families join the server's metrics."""
@@ -315,6 +315,9 @@ class VllmInstance:
 
     def healthy(self) -> bool:
         return self.adapter.healthy()
+
+    def chat_template(self) -> ChatTemplate:
+        return self.apply_chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         tokenizer = self.adapter.tokenizer

@@ -9,14 +9,13 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendInstance, InstanceSpec, ModelSource, ServerServices
+from naiad.backends.base import ServerServices
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError, ConfigReadError
@@ -37,6 +36,8 @@ from naiad.protocol.model_versions import parse_model_version
 from naiad.repository.catalog import ModelLocation, RepositoryCatalog
 from naiad.repository.local import version_directories
 from naiad.runtime.memory import release_free_memory, rss_bytes
+from naiad.runtime.placement import start_instance
+from naiad.runtime.thread_instance import PoolInstance
 from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.lifecycle")
@@ -225,7 +226,7 @@ class ModelLifecycle:
         failures = []
         for result in results:
             if isinstance(result, BaseException):
-                failures.append(getattr(result, "message", str(result)))
+                failures.append(result.message if isinstance(result, NaiadError) else str(result))
         return failures
 
     async def load(self, name: str, config_override: str | None = None, files: dict[str, bytes] | None = None) -> None:
@@ -355,7 +356,7 @@ class ModelLifecycle:
             release_free_memory()
         if record.ready():
             ready = record.ready().values()
-            workers = tuple(i for m in ready for i in getattr(m.pool, "instances", []) if hasattr(i, "pid"))
+            workers = tuple(i for m in ready for i in m.pool.instances if i.in_worker_process)
             self.residency.loaded(name, sum(m.memory_bytes for m in ready), workers)
         if failed:
             raise self._load_error(record, failed)
@@ -399,28 +400,17 @@ class ModelLifecycle:
         except ConfigError as exc:
             raise invalid_arg(str(exc)) from None
 
-    async def _create_instances(self, prepared: PreparedModel, version: int) -> list[BackendInstance]:
+    async def _create_instances(self, prepared: PreparedModel, version: int) -> list[PoolInstance]:
         """Create every instance of a version in parallel; on any failure close those already made."""
-        loop = asyncio.get_running_loop()
         backend, source = instance_source(prepared, version, self.settings, self.backends, self.services)
-        create_async: Callable[[ModelSource, InstanceSpec], Awaitable[BackendInstance]] | None = getattr(
-            backend, "create_instance_async", None
-        )
-
-        async def create(spec: InstanceSpec) -> BackendInstance:
-            if create_async is not None:
-                return await create_async(source, spec)
-            return await loop.run_in_executor(self._executor, backend.create_instance, source, spec)
-
-        results = await asyncio.gather(*(create(s) for s in instance_specs(prepared.config)), return_exceptions=True)
+        specs = instance_specs(prepared.config)
+        results = await asyncio.gather(*(start_instance(backend, source, s, self._executor) for s in specs),
+                                       return_exceptions=True)
         made = [r for r in results if not isinstance(r, BaseException)]
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
             for instance in made:
-                if hasattr(instance, "aclose"):
-                    await instance.aclose()
-                else:
-                    instance.close()
+                await instance.aclose()
             raise errors[0]
         return made
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Backend, InstanceSpec, ModelSource, ServerServices
+from naiad.backends.base import Backend, Instance, InstanceSpec, ModelSource, ServerServices
 from naiad.backends.registry import BackendRegistry, BackendUnavailable
 from naiad.config.completion import (
     default_model_filename,
@@ -28,7 +28,7 @@ from naiad.config.server_config import ServerConfig
 from naiad.config.validation import validate_config, validate_read
 from naiad.repository.local import config_file, version_directories
 from naiad.runtime.devices import gpu_count
-from naiad.runtime.memory import rss_bytes
+from naiad.runtime.placement import auto_complete_config, shared_model_file
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,8 @@ def prepare_model(
         backend = _backend(config, settings, backends)
         default_mbs = int(settings.backend_setting(config.backend, "default-max-batch-size", "4") or 4)
         model_file = _model_file(config, model_dir, highest)
-        if model_file.exists() or _shared_model_file(backend) is not None:
-            backend.auto_complete_config(config, model_file, default_mbs)
+        if model_file.exists() or shared_model_file(backend) is not None:
+            auto_complete_config(backend, config, model_file, default_mbs)
     fill_defaults(config)
     fill_instance_groups(config, gpu_count())
     validate_config(config, source, text)
@@ -126,12 +126,6 @@ def _backend(config: mc.ModelConfig, settings: ServerConfig, backends: BackendRe
         return backends.get(config.backend, settings.backend_directory)
     except BackendUnavailable as exc:
         raise ConfigError(str(exc)) from None
-
-
-def _shared_model_file(backend: Backend) -> Path | None:
-    """The model.py a Python-based backend runs for all its models (None for other backends)."""
-    shared: Path | None = getattr(backend, "shared_model_file", None)
-    return shared
 
 
 def _model_file(config: mc.ModelConfig, model_dir: Path, version_dir: Path | None) -> Path:
@@ -159,7 +153,7 @@ def instance_source(
     version_dir = prepared.versions[version]
     backend = _backend(config, settings, backends)
     backend_settings = settings.backend_config.get(config.backend, {})
-    shared = _shared_model_file(backend)
+    shared = shared_model_file(backend)
     if shared is not None:
         # A Python-based backend: its shared model.py runs; the version directory only holds data
         # files, and the Python backend's own --backend-config settings apply under the backend's.
@@ -173,12 +167,6 @@ def instance_source(
     return backend, source
 
 
-def instances_memory_bytes(instances: Sequence[object]) -> int:
-    """Memory instances hold outside this process: their own report, else their worker's RSS."""
-    total = 0
-    for instance in instances:
-        if hasattr(instance, "memory_bytes"):
-            total += instance.memory_bytes()
-        elif pid := getattr(instance, "pid", 0):
-            total += rss_bytes(pid)  # a Python-backend worker process
-    return total
+def instances_memory_bytes(instances: Sequence[Instance]) -> int:
+    """Memory instances hold outside this process (their worker processes' RSS)."""
+    return sum(instance.memory_bytes() for instance in instances)

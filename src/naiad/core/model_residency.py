@@ -24,7 +24,8 @@ REGROWTH = 0.10
 class WorkerProcess(Protocol):
     """An instance that runs in its own process (pid 0 once it has none)."""
 
-    pid: int
+    @property
+    def pid(self) -> int: ...
 
 
 @dataclass

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendInstance, RequestModelInstance, ServerServices
+from naiad.backends.base import ChatTemplate, ServerServices
 from naiad.config.inline_settings import inline_settings
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
@@ -18,7 +18,7 @@ from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
-from naiad.runtime.thread_instance import InstancePool, PoolInstance, ThreadInstance
+from naiad.runtime.thread_instance import InstancePool, PoolInstance
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
@@ -64,21 +64,10 @@ def _first_response_buckets(config: mc.ModelConfig) -> tuple[float, ...]:
     return DEFAULT_FIRST_RESPONSE_BUCKETS_MS
 
 
-def _pooled(instance: BackendInstance) -> PoolInstance:
-    """Request-level instances run as they are; tensor instances get the thread they execute on."""
-    if hasattr(instance, "execute_requests"):  # the one method tensor instances lack
-        return cast(RequestModelInstance, instance)
-    return ThreadInstance(instance)
-
-
-# A tokenizer's chat template: (messages, add_generation_prompt) -> prompt (LLM backends).
-ChatTemplate = Callable[[list[dict[str, Any]], bool], str]
-
-
-def _chat_template(instances: Sequence[BackendInstance]) -> ChatTemplate | None:
-    """The first instance's `apply_chat_template`, offered by the LLM backends (transformers, vLLM)."""
+def _chat_template(instances: Sequence[PoolInstance]) -> ChatTemplate | None:
+    """The first instance's chat template, offered by the LLM backends (transformers, vLLM)."""
     for instance in instances:
-        template: ChatTemplate | None = getattr(instance, "apply_chat_template", None)
+        template = instance.chat_template()
         if template is not None:
             return template
     return None
@@ -88,7 +77,7 @@ class ModelVersion:
     """Everything needed to serve one version; created on the event loop after instances exist."""
 
     def __init__(
-        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[BackendInstance], services: ServerServices | None = None,
+        self, config: mc.ModelConfig, version: int, model_dir: Path, instances: Sequence[PoolInstance], services: ServerServices | None = None,
         rate_limiter: RateLimiter | None = None, summary_quantiles: tuple[tuple[float, float], ...] | None = None,
     ) -> None:
         self.config = config
@@ -114,7 +103,7 @@ class ModelVersion:
             self.name, self.version_str, _first_response_buckets(config), summary_quantiles
         )
         self._chat_template = _chat_template(instances)  # found once, at load
-        pooled = [_pooled(i) for i in instances]
+        pooled = list(instances)
         if rate_limiter is not None and rate_limiter.enabled and pooled:
             limits = [InstanceLimits.from_group(spec.group, spec.device_id) for spec in instance_specs(config)]
             self.pool: InstancePool = rate_limiter.pool(pooled, limits)

@@ -12,16 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from naiad.backends.base import ExecutionBatch, ModelInstance, RequestModelInstance
+from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, RequestModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
 
 class ThreadInstance:
-    """A ModelInstance plus the single thread it executes on (one batch at a time).
+    """A ModelInstance plus the single thread it executes on (one batch at a time): the thread adapter
+    of the Instance protocol (naiad.backends.base.Instance).
 
     The scheduler chooses, per execution, between this thread (`execute()`) and the caller's
     thread (`execute_inline()`): see `InlinePolicy` in naiad/scheduling/execution_policy.py.
     """
+
+    tracks_unfinished = True
+    in_worker_process = False
+    pid = 0
 
     def __init__(self, instance: ModelInstance) -> None:
         self.instance = instance
@@ -61,12 +66,28 @@ class ThreadInstance:
         finally:
             self.last_thread_ns = time.thread_time_ns() - start
 
+    def queued(self) -> int:
+        return 0
+
+    def memory_bytes(self) -> int:
+        return 0  # the model lives in the server process, measured with it
+
+    def chat_template(self) -> ChatTemplate | None:
+        return None
+
+    def healthy(self) -> bool:
+        return True
+
     def close(self) -> None:
         self._executor.shutdown(wait=True)
         self.instance.close()
 
+    async def aclose(self) -> None:
+        self.close()
 
-# What a pool hands out: a thread-run tensor instance or a request-level one (Python backend, LLMs).
+
+# What a pool hands out: both are Instances; a thread-run tensor instance executes batches of tensors, a
+# request-level one (worker processes, LLM engines) whole requests.
 PoolInstance = ThreadInstance | RequestModelInstance
 
 
@@ -174,12 +195,9 @@ class InstancePool:
             await asyncio.gather(*self._executions, return_exceptions=True)
 
     def healthy(self) -> bool:
-        return all(getattr(inst, "healthy", lambda: True)() for inst in self.instances)
+        return all(inst.healthy() for inst in self.instances)
 
     async def close(self) -> None:
         await self._wait_for_executions()
         for inst in self.instances:
-            if isinstance(inst, ThreadInstance):
-                inst.close()
-            else:
-                await inst.aclose()
+            await inst.aclose()

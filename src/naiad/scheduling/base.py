@@ -121,15 +121,14 @@ async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem
     instances, Python-backend workers) run in the caller at no extra cost; any other runs as a task
     of the pool's, shielded from the caller (an extra task and two loop hops per execution).
     """
-    take = getattr(instance, "take_unfinished", None)
-    if take is None:
+    if not instance.tracks_unfinished:
         await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats, inline)))
         return
     start = time.perf_counter_ns()
     try:
         await execute_batch(instance, items, batching, stats, inline)
     except asyncio.CancelledError:
-        unfinished = take()
+        unfinished = instance.take_unfinished()
 
         def count() -> None:  # the execution ran to its end: an execution like any other
             rows = sum(it.batch_size for it in items)

@@ -29,7 +29,7 @@ class DirectScheduler:
         self._waiting = 0
         self._rescheduled: set[asyncio.Task[None]] = set()
         self._queued_at_instances: list[Callable[[], int]] = [
-            inst.queued for inst in pool.instances if hasattr(inst, "queued")
+            inst.queued for inst in pool.instances
         ]
 
     def enqueue(self, item: WorkItem) -> Coroutine[Any, Any, BackendResponse]:

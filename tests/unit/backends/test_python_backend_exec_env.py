@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from naiad import Server
-from naiad.backends.python.launcher import (
+from naiad.runtime.process.launcher import (
     MODEL_DIRECTORY_VARIABLE,
     ExecutionEnvError,
     resolve_launch,

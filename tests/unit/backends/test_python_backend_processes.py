@@ -14,9 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad import ErrorCode, NaiadError, Server
 from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
-from naiad.backends.python.backend import PythonBackend
-from naiad.backends.python.instance import pipeline_depth
 from naiad.config.model_config import load_config_file
+from naiad.runtime.process.instance import pipeline_depth, start_process_instance
 from tests.integration.test_python_backend_support import (
     PID_CONFIG,
     PID_PY,
@@ -143,7 +142,7 @@ def test_hung_execute_is_killed_at_close(tmp_path, prefix):
     source, spec = _source(model_dir, {"stub-timeout-seconds": "1", "shm-region-prefix-name": prefix})
 
     async def scenario():
-        instance = await PythonBackend().create_instance_async(source, spec)
+        instance = await start_process_instance(source, spec)
         pid = instance.pid
         responses = []
         task = asyncio.create_task(instance.execute_requests(
@@ -168,7 +167,7 @@ def test_unhealthy_while_restarting_then_healthy(tmp_path, prefix):
     source, spec = _source(model_dir, {"shm-region-prefix-name": prefix})
 
     async def scenario():
-        instance = await PythonBackend().create_instance_async(source, spec)
+        instance = await start_process_instance(source, spec)
         first = instance.pid
         assert instance.healthy()
         os.kill(first, signal.SIGKILL)

@@ -8,8 +8,8 @@ import uuid
 import numpy as np
 import pytest
 
-from naiad.backends.python.framing import FrameDecoder, encode
-from naiad.backends.python.shm import (
+from naiad.runtime.process.framing import FrameDecoder, encode
+from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
     BlockPool,
     PeerBlocks,
@@ -17,7 +17,7 @@ from naiad.backends.python.shm import (
     remove_prefixed,
     shm_create,
 )
-from naiad.backends.python.tensors import (
+from naiad.runtime.process.tensors import (
     datatype_of,
     decode_bytes,
     encode_bytes,

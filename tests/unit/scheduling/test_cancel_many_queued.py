@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import BackendRequest, BackendResponse, ResponseCallback
+from naiad.backends.base import BackendRequest, BackendResponse, InProcessRequestInstance, ResponseCallback
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest
@@ -33,7 +33,7 @@ from tests.support.waiting import wait_until_async
 SMALL, LARGE = 2_000, 40_000
 
 
-class GatedInstance:
+class GatedInstance(InProcessRequestInstance):
     """A request-level instance that answers Y = X * 2 once its gate is open."""
 
     name = "gated_0"

@@ -17,6 +17,7 @@ from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
     ExecutionBatch,
+    InProcessRequestInstance,
     ResponseCallback,
 )
 from naiad.observability.statistics import ModelStatistics
@@ -75,7 +76,7 @@ class ThreadModel:
         pass
 
 
-class WorkerModel:
+class WorkerModel(InProcessRequestInstance):
     """A request-level instance whose model runs elsewhere (as a Python-backend worker process does): the
     work goes on when the coroutine awaiting it is cancelled. Its threads would run two batches at once
     if the scheduler handed it a second one while the first is still running."""

@@ -7,11 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
+from naiad.backends.base import InProcessRequestInstance
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 
 
-class Inst:
+class Inst(InProcessRequestInstance):
     def __init__(self, name: str) -> None:
         self.name = name
 

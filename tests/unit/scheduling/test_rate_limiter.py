@@ -6,6 +6,7 @@ import asyncio
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import InProcessRequestInstance
 from naiad.cli.flags import add_serve_flags, config_from_args
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.rate_limiter import (
@@ -17,7 +18,7 @@ from naiad.scheduling.rate_limiter import (
 )
 
 
-class Inst:
+class Inst(InProcessRequestInstance):
     def __init__(self, name: str) -> None:
         self.name = name
 

@@ -14,6 +14,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
+    InProcessRequestInstance,
     InstanceSpec,
     ModelSource,
     ResponseCallback,
@@ -65,6 +67,7 @@ class TransformersBackend:
     """Hugging Face causal LMs from a local directory named by `<version>/model.json`."""
 
     name = "transformers"
+    kind = "request"
 
     def auto_complete_config(self, config: mc.ModelConfig, model_file: Path, default_max_batch_size: int) -> None:
         """Fill the vLLM-contract inputs/outputs the config leaves out, and the decoupled policy; add the
@@ -73,10 +76,7 @@ class TransformersBackend:
         if TOKEN_IDS not in {t.name for t in config.input}:
             config.input.add(name=TOKEN_IDS, data_type=mc.TYPE_INT64, optional=True).dims.append(-1)
 
-    def create_instance(self, source: ModelSource, spec: InstanceSpec) -> Any:
-        raise ConfigError("the transformers backend creates its instances on the event loop (create_instance_async)")
-
-    async def create_instance_async(self, source: ModelSource, spec: InstanceSpec) -> TransformersInstance:
+    async def create_instance(self, source: ModelSource, spec: InstanceSpec) -> TransformersInstance:
         config = source.config
         if not config.model_transaction_policy.decoupled:
             raise ConfigError(f"model '{config.name}': the transformers backend needs "
@@ -165,7 +165,7 @@ def _model_max_len(model: Any, tokenizer: Any) -> int:
     return limit if isinstance(limit, int) and 0 < limit < 1_000_000 else 2048
 
 
-class TransformersInstance:
+class TransformersInstance(InProcessRequestInstance):
     """A request-level instance: execute_requests hands requests to the engine and returns at once."""
 
     def __init__(self, name: str, engine: Engine, source: ModelSource) -> None:
@@ -180,6 +180,9 @@ class TransformersInstance:
 
     def _families(self):
         return families([(self._labels, self.engine.stats)])
+
+    def chat_template(self) -> ChatTemplate:
+        return self.apply_chat_template
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
         """The prompt the tokenizer's chat template makes of OpenAI-style messages."""

@@ -1,23 +1,25 @@
-"""Worker side of the IPC: what pb_utils calls (responses, BLS, model control, logs, metrics) and the reader thread."""
+"""Worker side of the IPC: the channel, its reader, the shared-memory blocks, and what pb_utils calls
+(responses, BLS, model control, logs, metrics)."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from naiad.backends.python.framing import BlockingChannel
-from naiad.backends.python.inbox import Call, Inbox
-from naiad.backends.python.shm import BlockPool, PeerBlocks
-from naiad.backends.python.tensors import pack, unpack_one
+from naiad.runtime.process.framing import BlockingChannel
+from naiad.runtime.process.inbox import Call, Inbox
+from naiad.runtime.process.shm import BlockPool, PeerBlocks
+from naiad.runtime.process.tensors import pack, unpack_one
 from triton_python_backend_utils import _runtime
 
 _END = object()
 
 
-def error_tuple(error: Any) -> tuple | None:
+def error_tuple(error: Any) -> tuple[Any, ...] | None:
     if error is None:
         return None
     return (error.message(), error.code_name())
@@ -72,17 +74,17 @@ class WorkerRuntime:
         self._ids = itertools.count(1)
         self.inbox = Inbox(channel, self._dispatch, self._on_eof)
         # Called (by the reading thread) for "x" when batches run on an event loop instead of the main thread.
-        self.on_async_batch: Callable[[tuple], None] | None = None
-        self.on_health: Callable[[tuple], None] = lambda message: None
+        self.on_async_batch: Callable[[tuple[Any, ...]], None] | None = None
+        self.on_health: Callable[[tuple[Any, ...]], None] = lambda message: None
 
     # ------------------------------------------------------------ responses (pb_utils sender)
 
-    def pack_response(self, requested: tuple, response: Any) -> tuple:
+    def pack_response(self, requested: tuple[Any, ...], response: Any) -> tuple[Any, ...]:
         tensors = [(t.name(), t.datatype(), t._array) for t in response.output_tensors() if t.name() in requested]
         block, metas = pack(self.pool, [tensors])
         return block, metas[0]
 
-    def send_response(self, handle: tuple, requested: tuple, response: Any, final: bool) -> None:
+    def send_response(self, handle: tuple[Any, ...], requested: tuple[Any, ...], response: Any, final: bool) -> None:
         batch_id, index = handle
         if response is None:
             self.channel.send(("r", batch_id, index, None, None, None, None, final))
@@ -93,12 +95,12 @@ class WorkerRuntime:
         block, metas = self.pack_response(requested, response)
         self.channel.send(("r", batch_id, index, block, metas, response.parameters(), None, final))
 
-    def is_cancelled(self, handle: tuple) -> bool:
+    def is_cancelled(self, handle: tuple[Any, ...]) -> bool:
         return bool(self._query("cancelled", handle))
 
     # ------------------------------------------------------------ queries and model control
 
-    def _query(self, op: str, args: tuple) -> Any:
+    def _query(self, op: str, args: tuple[Any, ...]) -> Any:
         call = Call()
         call_id = next(self._ids)
         self._calls[call_id] = call
@@ -151,7 +153,7 @@ class WorkerRuntime:
         return response if response is not None else pb_utils.InferenceResponse(
             error=pb_utils.TritonError("BLS request ended without a response"))
 
-    def _bls_item(self, message: tuple) -> None:
+    def _bls_item(self, message: tuple[Any, ...]) -> None:
         _, call_id, block, metas, parameters, error, final = message
         call = self._calls.get(call_id)
         item = None
@@ -183,7 +185,7 @@ class WorkerRuntime:
 
     # ------------------------------------------------------------ incoming messages
 
-    def _dispatch(self, message: tuple) -> tuple | None:
+    def _dispatch(self, message: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """Handle one message from the server (in whichever thread read it); commands are returned."""
         kind = message[0]
         if kind == "x":
@@ -213,7 +215,7 @@ class WorkerRuntime:
         self.shutdown_resources()
         os._exit(0)
 
-    def _release_blocks(self, names: list) -> None:
+    def _release_blocks(self, names: list[Any]) -> None:
         for name in names:
             self.pool.release(name)
         dropped = self.pool.take_dropped()
@@ -223,3 +225,13 @@ class WorkerRuntime:
     def shutdown_resources(self) -> None:
         self.pool.close()
         self.peers.close()
+
+
+def exit_worker(runtime: WorkerRuntime, code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    runtime.shutdown_resources()
+    os._exit(code)

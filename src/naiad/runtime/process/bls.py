@@ -7,7 +7,6 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from naiad.backends.python.tensors import pack, unpack_one
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import (
     InferenceRequest,
@@ -15,14 +14,15 @@ from naiad.protocol.types import (
     InferInput,
     RequestedOutput,
 )
+from naiad.runtime.process.tensors import pack, unpack_one
 
 if TYPE_CHECKING:
-    from naiad.backends.python.session import WorkerSession
+    from naiad.runtime.process.session import WorkerSession
 
 log = logging.getLogger("naiad.python")
 
 
-def _request(session: WorkerSession, message: tuple) -> InferenceRequest:
+def _request(session: WorkerSession, message: tuple[Any, ...]) -> InferenceRequest:
     (_, _, model_name, version, request_id, correlation_id, flags, timeout, parameters, requested, block, metas,
      _) = message
     view = session.peers.view(block) if block else None
@@ -61,7 +61,7 @@ def _send_error(session: WorkerSession, call_id: int, message: str, code: str) -
         session.send(("b", call_id, None, None, None, (message, code), True))
 
 
-async def run_bls(session: WorkerSession, message: tuple) -> None:
+async def run_bls(session: WorkerSession, message: tuple[Any, ...]) -> None:
     """Run one BLS request through the server (scheduling, stats, validation included) and stream back results."""
     call_id, decoupled = message[1], message[-1]
     services = session.services
@@ -73,6 +73,8 @@ async def run_bls(session: WorkerSession, message: tuple) -> None:
         if decoupled:
             sent_final = False
             async for response, final in services.infer_stream(request):
+                if isinstance(response, NaiadError):  # not asked for inline: streams raise their errors
+                    raise response
                 _send_item(session, call_id, response, final)
                 sent_final = final
             if not sent_final:
@@ -88,7 +90,7 @@ async def run_bls(session: WorkerSession, message: tuple) -> None:
         _send_error(session, call_id, f"{type(exc).__name__}: {exc}", "INTERNAL")
 
 
-async def run_control(session: WorkerSession, call_id: int, op: str, args: tuple) -> None:
+async def run_control(session: WorkerSession, call_id: int, op: str, args: tuple[Any, ...]) -> None:
     """pb_utils.load_model / unload_model / is_model_ready."""
     services = session.services
     try:
@@ -122,7 +124,7 @@ async def run_control(session: WorkerSession, call_id: int, op: str, args: tuple
         session.send(("q", call_id, True, value))
 
 
-def forward_metric(session: WorkerSession, op: str, args: tuple) -> None:
+def forward_metric(session: WorkerSession, op: str, args: tuple[Any, ...]) -> None:
     """Hand custom-metric updates to the server's registry when it offers one (`custom_metrics`)."""
     registry = getattr(session.services, "custom_metrics", None)
     if registry is None:

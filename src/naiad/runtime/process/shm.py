@@ -7,7 +7,7 @@ import os
 import threading
 
 try:  # CPython's private helper behind multiprocessing.shared_memory (no resource tracker involved)
-    import _posixshmem
+    import _posixshmem  # type: ignore[import-not-found]
 except ImportError:  # pragma: no cover - non-POSIX platforms
     _posixshmem = None
 
@@ -22,7 +22,8 @@ MAX_POOLED_BYTES = 64 * 1024 * 1024
 
 def _open(name: str, flags: int) -> int:
     if _posixshmem is not None:
-        return _posixshmem.shm_open("/" + name, flags, 0o600)
+        fd: int = _posixshmem.shm_open("/" + name, flags, 0o600)
+        return fd
     return os.open(os.path.join(SHM_DIR, name), flags, 0o600)
 
 

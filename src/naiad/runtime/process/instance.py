@@ -1,27 +1,36 @@
-"""PythonInstance: the RequestModelInstance in the server process, keeping one healthy worker behind it."""
+"""ProcessInstance: the adapter running an instance in a worker process, keeping one healthy worker behind it.
+
+The worker hosts either a Triton Python model (model.py, see python_host.py) or any tensor backend's
+instance (backend_host.py); this side is the same for both: launch, batches through shared memory,
+restart after a crash, health and finalize.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
+    ChatTemplate,
     ExecutionOutcome,
     InstanceSpec,
     ModelSource,
     ResponseCallback,
 )
-from naiad.backends.python.launcher import Launch
-from naiad.backends.python.session import WorkerSession, WorkerStartError
-from naiad.backends.python.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
 from naiad.config.model_config import config_to_json, datatype_name
-from naiad.protocol.errors import internal, invalid_arg
+from naiad.protocol.errors import NaiadError, internal, invalid_arg
+from naiad.runtime.memory import rss_bytes
+from naiad.runtime.process.launcher import Launch, launch_for
+from naiad.runtime.process.session import WorkerSession, WorkerStartError
+from naiad.runtime.process.shm import DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE
 
 log = logging.getLogger("naiad.python")
 
@@ -35,6 +44,11 @@ MAX_RESTART_DELAY = 30.0
 PIPELINE_DEPTH = 2
 PIPELINE_MAX_DEPTH = 8
 PIPELINE_BUDGET_NS = 1_000_000
+
+
+def _settle_with_none(future: asyncio.Future[Any], _: object) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def pipeline_depth(average_execution_ns: float) -> int:
@@ -57,6 +71,11 @@ def _byte_size(settings: dict[str, str], key: str, default: int) -> int:
     return value
 
 
+# What a worker hosts: a Triton Python model (model.py) or a tensor backend's instance.
+PYTHON_HOST = "python"
+BACKEND_HOST = "backend"
+
+
 def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
     """Exactly the seven keys Triton passes to initialize(args)."""
     return {
@@ -70,10 +89,26 @@ def initialize_args(source: ModelSource, spec: InstanceSpec) -> dict[str, str]:
     }
 
 
-class PythonInstance:
+def host_init(source: ModelSource, spec: InstanceSpec, host: str) -> dict[str, Any]:
+    """What the worker needs to build its instance: the model file and Triton's initialize args for a
+    Python model; the backend, config and instance spec for a tensor backend (it loads the model itself)."""
+    init: dict[str, Any] = {"host": host, "model_file": str(source.model_file), "args": initialize_args(source, spec)}
+    if host == BACKEND_HOST:
+        init["backend"] = source.config.backend
+        init["config"] = source.config.SerializeToString()
+        init["source"] = (source.version, str(source.model_dir), str(source.version_dir), dict(source.backend_settings))
+        init["spec"] = (spec.name, spec.group.SerializeToString(), spec.kind, spec.device_id)
+    return init
+
+
+class ProcessInstance:
     """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
 
-    def __init__(self, source: ModelSource, spec: InstanceSpec, launch: Launch, log_verbose: int = 0) -> None:
+    tracks_unfinished = True
+    in_worker_process = True
+
+    def __init__(self, source: ModelSource, spec: InstanceSpec, launch: Launch, log_verbose: int = 0,
+                 host: str = PYTHON_HOST) -> None:
         self.name = spec.name
         self._source = source
         self._launch = launch
@@ -83,8 +118,7 @@ class PythonInstance:
         self._shm_sizes = (_byte_size(settings, "shm-default-byte-size", DEFAULT_BYTE_SIZE),
                            _byte_size(settings, "shm-growth-byte-size", GROWTH_BYTE_SIZE))
         self._init = {
-            "model_file": str(source.model_file),
-            "args": initialize_args(source, spec),
+            **host_init(source, spec, host),
             "decoupled": source.config.model_transaction_policy.decoupled,
             "model_name": source.config.name,
             "model_version": source.version,
@@ -94,21 +128,21 @@ class PythonInstance:
         self._input_types = {t.name: datatype_name(t.data_type) for t in source.config.input}
         self._serving: WorkerSession | None = None
         self._starting: WorkerSession | None = None
-        self._restarter: asyncio.Task | None = None
+        self._restarter: asyncio.Task[Any] | None = None
         self._closing = False
         self._ready_value = True
         self._ready_checked = 0.0
-        self._ready_task: asyncio.Task | None = None
+        self._ready_task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         # Only a lone instance under the default scheduler: with several, a queued request could wait
         # behind a long execute while another worker sits idle.
         self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
-        self._pipeline: collections.deque[asyncio.Future] = collections.deque()
+        self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._depth = PIPELINE_DEPTH
         self._execution_ns = 0.0  # moving average of the worker's execution time
-        self._unstarted: list[tuple] = []  # queued at a worker that died before running them
-        self._unfinished: asyncio.Future | None = None  # a batch whose caller was cancelled mid-execute
+        self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
+        self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
 
     # ------------------------------------------------------------ worker management
 
@@ -179,13 +213,13 @@ class PythonInstance:
                     raise internal(f"Stub process '{self.name}' is not healthy.")
                 done = session.submit(requests, respond)
             except Exception as exc:  # no worker, or sending failed: answer like execute_requests does
-                error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+                error = exc if isinstance(exc, NaiadError) else internal(f"unable to send requests to '{self.name}': {exc}")
                 for index in range(len(requests)):
                     respond(index, BackendResponse(None, error=error, final=True))
                 if not future.done():
                     future.set_result(None)
                 continue
-            done.add_done_callback(lambda _, future=future: future.done() or future.set_result(None))
+            done.add_done_callback(functools.partial(_settle_with_none, future))
 
     @property
     def pid(self) -> int:
@@ -204,7 +238,7 @@ class PythonInstance:
         try:
             done = session.submit(requests, respond)
         except Exception as exc:  # packing or sending failed: nothing reached the worker
-            error = exc if hasattr(exc, "code") else internal(f"unable to send requests to '{self.name}': {exc}")
+            error = exc if isinstance(exc, NaiadError) else internal(f"unable to send requests to '{self.name}': {exc}")
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
             return None
@@ -230,7 +264,7 @@ class PythonInstance:
             self._settle(pipeline)
         return done
 
-    def _settle(self, pipeline: collections.deque[asyncio.Future]) -> None:
+    def _settle(self, pipeline: collections.deque[asyncio.Future[Any]]) -> None:
         """Drop finished batches from the pipeline; their execution times set its depth."""
         while pipeline and pipeline[0].done():
             finished = pipeline.popleft()
@@ -239,11 +273,19 @@ class PythonInstance:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
                 self._depth = pipeline_depth(self._execution_ns)
 
+    def chat_template(self) -> ChatTemplate | None:
+        return None  # model.py has no tokenizer the server could ask
+
+    def memory_bytes(self) -> int:
+        """The worker's resident memory: the model lives there, not in the server."""
+        pid = self.pid
+        return rss_bytes(pid) if pid else 0
+
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
         return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0)
 
-    def take_unfinished(self) -> asyncio.Future | None:
+    def take_unfinished(self) -> asyncio.Future[Any] | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""
         unfinished, self._unfinished = self._unfinished, None
         return unfinished
@@ -293,3 +335,13 @@ class PythonInstance:
                 await session.finalize(self._stub_timeout)
         self._serving = None
         self._resubmit(None)
+
+
+async def start_process_instance(source: ModelSource, spec: InstanceSpec, host: str = PYTHON_HOST) -> ProcessInstance:
+    """Spawn the instance's worker and wait for its initialize (or model load); a failure there fails the load."""
+    loop = asyncio.get_running_loop()
+    launch = await loop.run_in_executor(None, launch_for, source.config, source.model_dir)
+    verbose = 1 if log.isEnabledFor(logging.DEBUG) else 0
+    instance = ProcessInstance(source, spec, launch, verbose, host)
+    await instance.start()
+    return instance

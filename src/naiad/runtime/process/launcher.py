@@ -13,12 +13,15 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import naiad.backends.python as _package
+from tritonclient.grpc import model_config_pb2 as mc
+
+import naiad.runtime.process as _package
 import triton_python_backend_utils as _pb_utils
+from naiad.config.model_config import ConfigError, parameter
 
 MODEL_DIRECTORY_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
 
-# Runs in the worker's interpreter: makes `naiad.backends.python` and `triton_python_backend_utils`
+# Runs in the worker's interpreter: makes `naiad.runtime.process` and `triton_python_backend_utils`
 # importable without importing the server (`naiad/__init__`), nor adding our site-packages to sys.path.
 BOOTSTRAP = (
     "import sys, types, importlib.util as u\n"
@@ -28,7 +31,7 @@ BOOTSTRAP = (
     "p = types.ModuleType('naiad'); p.__path__ = [a[1]]; sys.modules['naiad'] = p\n"
     "s = u.spec_from_file_location('triton_python_backend_utils', a[2] + '/__init__.py', submodule_search_locations=[a[2]])\n"
     "m = u.module_from_spec(s); sys.modules[s.name] = m; s.loader.exec_module(m)\n"
-    "from naiad.backends.python.worker import main\n"
+    "from naiad.runtime.process.worker import main\n"
     "main(a[3:])\n"
 )
 
@@ -113,7 +116,15 @@ def resolve_launch(execution_env_path: str | None, model_dir: Path) -> Launch:
     return Launch(str(python), env)
 
 
-def spawn(launch: Launch) -> tuple[subprocess.Popen, socket.socket]:
+def launch_for(config: mc.ModelConfig, model_dir: Path) -> Launch:
+    """The launch of a model's workers: its EXECUTION_ENV_PATH parameter, else this interpreter."""
+    try:
+        return resolve_launch(parameter(config, "EXECUTION_ENV_PATH"), model_dir)
+    except (ExecutionEnvError, OSError) as exc:
+        raise ConfigError(f"unable to prepare the Python environment of model '{config.name}': {exc}") from None
+
+
+def spawn(launch: Launch) -> tuple[subprocess.Popen[bytes], socket.socket]:
     """Start one worker (own session: terminal signals go to the server only); returns it and our socket end."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     naiad_dir, pb_dir = package_directories()

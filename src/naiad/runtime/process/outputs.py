@@ -6,11 +6,12 @@ import asyncio
 import threading
 import weakref
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
-from naiad.backends.python.shm import PeerBlocks
-from naiad.backends.python.tensors import unpack_one
+from naiad.runtime.process.shm import PeerBlocks
+from naiad.runtime.process.tensors import unpack_one
 
 ZERO_COPY_MIN = 64 * 1024  # smaller outputs are copied (cheaper than tracking a view)
 
@@ -26,19 +27,19 @@ class OutputReader:
         self._holds: dict[str, int] = {}
         self.closed = False
 
-    def read(self, block: str | None, metas: list) -> dict[str, np.ndarray]:
+    def read(self, block: str | None, metas: list[Any]) -> dict[str, np.ndarray]:
         mapping = self._peers.view(block) if block else None
         outputs: dict[str, np.ndarray] = {}
         views = 0
         for meta in metas:
-            if mapping is not None and meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
+            if block and mapping is not None and meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
                 array = unpack_one(mapping, meta, copy=False)
                 weakref.finalize(array, self._view_gone, block)
                 views += 1
             else:
                 array = unpack_one(mapping, meta, copy=True)
             outputs[meta[0]] = array
-        if views:
+        if views and block:
             self._holds[block] = self._holds.get(block, 0) + views
         return outputs
 

@@ -6,13 +6,14 @@ import pickle
 import socket
 import struct
 import threading
+from typing import Any
 
 _HEADER = struct.Struct("<I")
 _PROTOCOL = pickle.HIGHEST_PROTOCOL
 RECV_BUFFER = 64 * 1024  # reused for every read (a fresh large bytes object per recv costs an mmap)
 
 
-def encode(message: tuple) -> bytes:
+def encode(message: tuple[Any, ...]) -> bytes:
     payload = pickle.dumps(message, _PROTOCOL)
     return _HEADER.pack(len(payload)) + payload
 
@@ -23,7 +24,7 @@ class FrameDecoder:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, data: bytes) -> list:
+    def feed(self, data: bytes | memoryview) -> list[Any]:
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -58,16 +59,16 @@ class BlockingChannel:
         self.sock = sock
         self._send_lock = threading.Lock()
         self._decoder = FrameDecoder()
-        self._pending: list = []
+        self._pending: list[Any] = []
         self._buffer = bytearray(RECV_BUFFER)
         self._view = memoryview(self._buffer)
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: tuple[Any, ...]) -> None:
         data = encode(message)
         with self._send_lock:
             self.sock.sendall(data)
 
-    def receive(self):
+    def receive(self) -> Any:
         """The next message; raises EOFError when the peer closed the connection."""
         while not self._pending:
             count = self.sock.recv_into(self._buffer)

@@ -19,19 +19,19 @@ from naiad.backends.base import (
     ResponseCallback,
     ServerServices,
 )
-from naiad.backends.python import bls
-from naiad.backends.python.framing import FrameDecoder, encode
-from naiad.backends.python.launcher import Launch, spawn
-from naiad.backends.python.outputs import OutputReader
-from naiad.backends.python.shm import (
+from naiad.protocol.errors import ErrorCode, NaiadError, internal
+from naiad.runtime.process import bls
+from naiad.runtime.process.framing import FrameDecoder, encode
+from naiad.runtime.process.launcher import Launch, spawn
+from naiad.runtime.process.outputs import OutputReader
+from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
     GROWTH_BYTE_SIZE,
     BlockPool,
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.backends.python.tensors import datatype_of, pack
-from naiad.protocol.errors import ErrorCode, NaiadError, internal
+from naiad.runtime.process.tensors import datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 
@@ -44,14 +44,14 @@ class WorkerStartError(Exception):
     """The worker could not start or its initialize failed; the message is the load error."""
 
 
-def error_of(error: tuple | None) -> NaiadError | None:
+def error_of(error: tuple[Any, ...] | None) -> NaiadError | None:
     if error is None:
         return None
     message, code = error
     return NaiadError(ErrorCode[code] if code in ErrorCode.__members__ else ErrorCode.INTERNAL, message)
 
 
-def _parameters(text: str | None) -> dict:
+def _parameters(text: str | None) -> dict[str, Any]:
     if not text or text == "{}":
         return {}
     try:
@@ -65,7 +65,7 @@ class _Batch:
     __slots__ = ("requests", "respond", "open", "done", "block", "future")
 
     def __init__(self, requests: list[BackendRequest], respond: ResponseCallback, block: str | None,
-                 future: asyncio.Future) -> None:
+                 future: asyncio.Future[Any]) -> None:
         self.requests = requests
         self.respond = respond
         self.open = set(range(len(requests)))
@@ -95,7 +95,7 @@ class _Protocol(asyncio.Protocol):
 class WorkerSession:
     """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
 
-    def __init__(self, name: str, launch: Launch, init: dict, input_types: dict[str, str],
+    def __init__(self, name: str, launch: Launch, init: dict[str, Any], input_types: dict[str, str],
                  services: ServerServices | None, shm_prefix: str, on_death: Callable[[WorkerSession], None],
                  shm_sizes: tuple[int, int] = (DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE)) -> None:
         self.name = name
@@ -114,24 +114,24 @@ class WorkerSession:
         self._next_batch = 0
         self._releases: list[str] = []
         self._release_timer: asyncio.TimerHandle | None = None
-        self._tasks: dict[int, asyncio.Task] = {}
-        self._health_calls: dict[int, asyncio.Future] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._health_calls: dict[int, asyncio.Future[bool]] = {}
         self._next_health = 0
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._transport: asyncio.Transport | None = None
-        self._started: asyncio.Future | None = None
+        self._started: asyncio.Future[Any] | None = None
         self._exited = asyncio.Event()
         self.alive = False
         self.closing = False
-        self.info: dict = {}
+        self.info: dict[str, Any] = {}
         # Set by an instance that queues several batches at this worker: receives (requests, respond,
         # future) of the batches that had not started when the worker died.
-        self.keep_unstarted: Callable[[list[tuple]], None] | None = None
+        self.keep_unstarted: Callable[[list[tuple[Any, ...]]], None] | None = None
         self.pid = 0
 
     # ------------------------------------------------------------ start / stop
 
-    async def start(self) -> dict:
+    async def start(self) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         self._started = loop.create_future()
         self.outputs = OutputReader(self.peers, self.release_peer, loop)
@@ -139,7 +139,7 @@ class WorkerSession:
         self._process = process
         self.pid = process.pid
         self.alive = True
-        self._watch_exit(loop)
+        self._watch_exit(loop, process)
         transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
         self._transport = transport
         self._init["prefix"] = self._worker_prefix
@@ -153,9 +153,13 @@ class WorkerSession:
             self.peers.view(self.info["prewarmed"])
         return self.info
 
-    def _watch_exit(self, loop: asyncio.AbstractEventLoop) -> None:
+    @property
+    def _reader(self) -> OutputReader:
+        assert self.outputs is not None, "messages arrive only after start()"
+        return self.outputs
+
+    def _watch_exit(self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> None:
         """Notice the process ending even if something else holds the socket open (pidfd, else a thread)."""
-        process = self._process
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is not None:
             try:
@@ -219,7 +223,7 @@ class WorkerSession:
                 f"the worker process of '{self.name}' exited during start-up{detail}; see the server log for its output"))
         batches = list(self._batches.values())
         if self.keep_unstarted is not None and not self.info.get("async_execute"):
-            batches = self._hand_back_unstarted(batches)
+            batches = self._hand_back_unstarted(batches, self.keep_unstarted)
         for batch in batches:
             for index in sorted(batch.open):
                 batch.respond(index, BackendResponse(None, error=internal(message), final=True))
@@ -245,18 +249,19 @@ class WorkerSession:
         if not self.closing:
             self._on_death(self)
 
-    def _hand_back_unstarted(self, batches: list[_Batch]) -> list[_Batch]:
+    def _hand_back_unstarted(self, batches: list[_Batch],
+                             keep: Callable[[list[tuple[Any, ...]]], None]) -> list[_Batch]:
         """Batches queued behind the one the worker was running never started (it runs them in order):
         they go to `keep_unstarted` to run on the next worker; the rest fail."""
         running = next((i for i, batch in enumerate(batches) if not batch.done), len(batches))
         unstarted = [b for b in batches[running + 1:] if not b.done and len(b.open) == len(b.requests)]
         if unstarted:
-            self.keep_unstarted([(b.requests, b.respond, b.future) for b in unstarted])
+            keep([(b.requests, b.respond, b.future) for b in unstarted])
         return [b for b in batches if b not in unstarted]
 
     # ------------------------------------------------------------ sending
 
-    def send(self, message: tuple) -> None:
+    def send(self, message: tuple[Any, ...]) -> None:
         if self._transport is None or self._transport.is_closing():
             raise internal(f"Stub process '{self.name}' is not healthy.")
         self._transport.write(encode(message))
@@ -292,7 +297,7 @@ class WorkerSession:
 
     # ------------------------------------------------------------ batches
 
-    def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future:
+    def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future[Any]:
         """Send one batch; the future resolves with the execution's (start, end) when execute returned
         (None when the worker was lost first)."""
         future = asyncio.get_running_loop().create_future()
@@ -326,11 +331,11 @@ class WorkerSession:
             if batch.block:
                 self.pool.release(batch.block)
 
-    def _on_done(self, message: tuple) -> None:
+    def _on_done(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, responses, error, rescheduled, timing = message
         batch = self._batches.get(batch_id)
         if batch is None:
-            self.outputs.done_with(block)
+            self._reader.done_with(block)
             return
         for index in rescheduled:
             self._reschedule(batch, index)
@@ -348,9 +353,9 @@ class WorkerSession:
                     batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
                                                          counts_as_failure=False, execution_ns=timing))
                 else:
-                    outputs = self.outputs.read(block, metas)
+                    outputs = self._reader.read(block, metas)
                     batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True, execution_ns=timing))
-        self.outputs.done_with(block)
+        self._reader.done_with(block)
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
@@ -371,19 +376,20 @@ class WorkerSession:
             return
         reschedule()
 
-    def _on_response(self, message: tuple) -> None:
+    def _on_response(self, message: tuple[Any, ...]) -> None:
         _, batch_id, index, block, metas, parameters, err, final = message
         batch = self._batches.get(batch_id)
         if batch is None or index not in batch.open:
-            self.outputs.done_with(block)
+            self._reader.done_with(block)
             return
+        response: BackendResponse | None
         if err is not None:
             response = BackendResponse(None, _parameters(parameters), error_of(err), final, counts_as_failure=False)
         elif metas is None:
             response = BackendResponse(None, final=True) if final else None
         else:
-            response = BackendResponse(self.outputs.read(block, metas), _parameters(parameters), None, final)
-        self.outputs.done_with(block)
+            response = BackendResponse(self._reader.read(block, metas), _parameters(parameters), None, final)
+        self._reader.done_with(block)
         if final:
             batch.open.discard(index)
         if response is not None:
@@ -409,7 +415,7 @@ class WorkerSession:
 
     # ------------------------------------------------------------ dispatch
 
-    def dispatch(self, message: tuple) -> None:
+    def dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "d":
             self._on_done(message)
@@ -450,7 +456,7 @@ class WorkerSession:
         self._tasks[call_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
 
-    def _on_query(self, message: tuple) -> None:
+    def _on_query(self, message: tuple[Any, ...]) -> None:
         _, call_id, op, args = message
         if op == "cancelled":
             batch_id, index = args

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from naiad.backends.python.framing import BlockingChannel
+from naiad.runtime.process.framing import BlockingChannel
 
 BUSY_HANDOVER = 0.05  # seconds of main-thread execute after which the helper takes over reading
 IDLE_POLL = 0.5
@@ -21,12 +21,12 @@ class Call:
     __slots__ = ("items", "async_waiters", "finished")
 
     def __init__(self) -> None:
-        self.items: collections.deque = collections.deque()
-        self.async_waiters: list = []
+        self.items: collections.deque[Any] = collections.deque()
+        self.async_waiters: list[Any] = []
         self.finished = False
 
 
-def _resolve(future: asyncio.Future) -> None:
+def _resolve(future: asyncio.Future[Any]) -> None:
     if not future.done():
         future.set_result(None)
 
@@ -39,7 +39,7 @@ class Inbox:
     coroutines await replies). Messages one thread reads for another are handed over under one lock.
     """
 
-    def __init__(self, channel: BlockingChannel, dispatch: Callable[[tuple], Any], on_eof: Callable[[], None]) -> None:
+    def __init__(self, channel: BlockingChannel, dispatch: Callable[[tuple[Any, ...]], Any], on_eof: Callable[[], None]) -> None:
         self._channel = channel
         self._dispatch = dispatch
         self._on_eof = on_eof
@@ -47,7 +47,7 @@ class Inbox:
         self._cv = threading.Condition(lock)  # threads waiting for a command, a reply or the reading role
         self._helper_cv = threading.Condition(lock)  # only the helper: woken when coroutines need a reader
         self._reading = False
-        self._commands: collections.deque = collections.deque()
+        self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._async_waiting = 0
         self._busy_since: float | None = None
 
@@ -67,7 +67,7 @@ class Inbox:
                 self._reading = False
                 self._cv.notify_all()
 
-    def next_command(self) -> tuple:
+    def next_command(self) -> tuple[Any, ...]:
         """The next command for the calling (main) thread, reading the socket itself when it can."""
         self._busy_since = None
         while True:
@@ -78,12 +78,12 @@ class Inbox:
                     self._busy_since = time.monotonic()
                     return self._commands.popleft()
                 self._reading = True
-            command = self._read_one()
+            command: tuple[Any, ...] | None = self._read_one()
             if command is not None:
                 self._busy_since = time.monotonic()
                 return command
 
-    def post_command(self, message: tuple) -> None:
+    def post_command(self, message: tuple[Any, ...]) -> None:
         with self._cv:
             self._commands.append(message)
             self._cv.notify_all()

@@ -1,26 +1,25 @@
-"""The worker process main: imports model.py, runs initialize / execute / finalize, answers the server."""
+"""Hosts a Triton Python model (model.py) in a worker process: initialize / execute / finalize, auto_complete_config."""
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 import importlib.util
 import inspect
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
 import types
+from collections.abc import Awaitable
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
-from naiad.backends.python.framing import BlockingChannel
-from naiad.backends.python.runtime import WorkerRuntime, error_tuple
-from naiad.backends.python.tensors import pack, unpack_one
+from naiad.runtime.process.framing import BlockingChannel
+from naiad.runtime.process.host import WorkerHost
+from naiad.runtime.process.tensors import pack, unpack_one
+from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -41,7 +40,7 @@ def format_exception(exc: BaseException) -> str:
     while tb.tb_next is not None:
         tb = tb.tb_next
     lines = []
-    frame = tb.tb_frame
+    frame: types.FrameType | None = tb.tb_frame
     while frame is not None:
         filename = frame.f_code.co_filename
         if os.path.dirname(os.path.abspath(filename)) == _PACKAGE_DIR:
@@ -81,19 +80,25 @@ def import_model(model_file: str) -> Any:
     return module.TritonPythonModel
 
 
-class Worker:
-    """Runs one model instance: batches from the server, responses back, BLS through the runtime."""
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    """A coroutine of any awaitable the model returns (what asyncio's thread-safe runners take)."""
+    return await awaitable
 
-    def __init__(self, channel: BlockingChannel, init: dict) -> None:
-        self.channel = channel
-        self.init = init
-        self.runtime = WorkerRuntime(channel, init["prefix"], init["decoupled"], init["model_name"],
-                                     init["model_version"], init.get("log_verbose", 0), init.get("shm_sizes"))
+
+class PythonModelHost(WorkerHost):
+    """Runs one Python model instance: batches from the server, responses back, BLS through the runtime."""
+
+    def __init__(self, channel: BlockingChannel, init: dict[str, Any]) -> None:
+        super().__init__(channel, init)
         self.runtime.on_health = self._on_health
         self.model: Any = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.async_execute = False
-        self.instance_name = init["args"]["model_instance_name"]
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self.loop is not None, "only async models run an event loop"
+        return self.loop
 
     # ------------------------------------------------------------ start-up
 
@@ -113,38 +118,31 @@ class Worker:
             if initialize is not None:
                 result = initialize(dict(self.init["args"]))
                 if inspect.isawaitable(result):
-                    self.loop.run_until_complete(result)
+                    self._loop.run_until_complete(_awaited(result))
         except BaseException as exc:  # any failure of the model's import or initialize fails the load
             self.channel.send(("init_error", format_exception(exc)))
             return False
         _runtime.set_phase("execute")
-        prewarmed = None
-        try:
-            if self.init.get("prewarmed"):
-                self.runtime.peers.view(self.init["prewarmed"])
-            prewarmed = self.runtime.pool.prewarm()
-        except OSError:  # no room in /dev/shm now: blocks are created on demand (and fail there, per request)
-            pass
-        self.channel.send(("ready", {"async_execute": self.async_execute, "prewarmed": prewarmed,
-                                     "has_is_ready": callable(getattr(self.model, "is_ready", None))}))
+        self.announce_ready({"async_execute": self.async_execute,
+                             "has_is_ready": callable(getattr(self.model, "is_ready", None))})
         return True
 
     # ------------------------------------------------------------ messages handled off the main thread
 
-    def _on_health(self, message: tuple) -> None:
+    def _on_health(self, message: tuple[Any, ...]) -> None:
         threading.Thread(target=self._check_ready, args=(message[1],), daemon=True).start()
 
-    def _on_async_batch(self, message: tuple) -> None:
-        self.loop.call_soon_threadsafe(self._start_async_batch, message)
+    def _on_async_batch(self, message: tuple[Any, ...]) -> None:
+        self._loop.call_soon_threadsafe(self._start_async_batch, message)
 
     def _check_ready(self, call_id: int) -> None:
         try:
             result = self.model.is_ready()
             if inspect.isawaitable(result):
                 if self.loop is not None and self.loop.is_running():
-                    result = asyncio.run_coroutine_threadsafe(result, self.loop).result(5)
+                    result = asyncio.run_coroutine_threadsafe(_awaited(result), self.loop).result(5)
                 else:
-                    result = asyncio.run(result)
+                    result = asyncio.run(_awaited(result))
             ready = bool(result)
         except BaseException:  # a failing is_ready means not ready
             ready = False
@@ -152,7 +150,7 @@ class Worker:
 
     # ------------------------------------------------------------ batches
 
-    def _requests(self, message: tuple) -> list:
+    def _requests(self, message: tuple[Any, ...]) -> list[Any]:
         _, batch_id, block, described, _ = message
         view = self.runtime.peers.view(block) if block else None
         requests = []
@@ -163,11 +161,11 @@ class Worker:
                 timeout, self.runtime.model_name, self.runtime.model_version))
         return requests
 
-    def _failure(self, exc: BaseException) -> tuple:
+    def _failure(self, exc: BaseException) -> tuple[Any, ...]:
         text = f"Failed to process the request(s) for model '{self.instance_name}', message: {format_exception(exc)}"
         return (text, "INTERNAL")
 
-    def _finish(self, batch_id: int, requests: list, result: Any, timing: tuple[int, int]) -> None:
+    def _finish(self, batch_id: int, requests: list[Any], result: Any, timing: tuple[int, int]) -> None:
         """Send the batch's "done" message: responses of a default-mode model, or just completion.
 
         Its fields after the responses: the error, the requests released with
@@ -188,7 +186,8 @@ class Worker:
                 "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
         rescheduled = _rescheduled(requests)
-        groups, extras = [], []
+        groups: list[list[tuple[str, str, Any]]] = []
+        extras: list[tuple[bool | None, Any, tuple[str, str] | None]] = []
         for index, (request, response) in enumerate(zip(requests, result)):
             if index in rescheduled:
                 if response is not None:
@@ -215,7 +214,7 @@ class Worker:
         responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
         self.channel.send(("d", batch_id, block, responses, None, rescheduled, timing))
 
-    def _run_batch(self, message: tuple) -> None:
+    def _run_batch(self, message: tuple[Any, ...]) -> None:
         batch_id = message[1]
         start = time.perf_counter_ns()
         try:
@@ -225,10 +224,10 @@ class Worker:
         except BaseException as exc:  # the whole batch fails with the exception's text
             self.channel.send(("d", batch_id, None, None, self._failure(exc), (), (start, time.perf_counter_ns())))
 
-    def _start_async_batch(self, message: tuple) -> None:
-        self.loop.create_task(self._run_async_batch(message))
+    def _start_async_batch(self, message: tuple[Any, ...]) -> None:
+        self._loop.create_task(self._run_async_batch(message))
 
-    async def _run_async_batch(self, message: tuple) -> None:
+    async def _run_async_batch(self, message: tuple[Any, ...]) -> None:
         batch_id = message[1]
         start = time.perf_counter_ns()
         try:
@@ -245,20 +244,9 @@ class Worker:
             # Batches run as tasks on this thread's loop; another thread reads and waits for "f".
             self.runtime.on_async_batch = self._on_async_batch
             threading.Thread(target=self._command_loop, name="naiad-worker-commands", daemon=True).start()
-            self.loop.run_forever()
+            self._loop.run_forever()
             return
-        self.runtime.inbox.start_helper()
-        self._command_loop()
-
-    def _command_loop(self) -> None:
-        while True:
-            message = self.runtime.inbox.next_command()
-            kind = message[0]
-            if kind == "x":
-                self._run_batch(message)
-            elif kind == "f":
-                self._finalize()
-                return
+        super().serve()
 
     def _finalize(self) -> None:
         _runtime.set_phase("finalize")
@@ -268,32 +256,22 @@ class Worker:
                 result = finalize()
                 if inspect.isawaitable(result):
                     if self.loop is not None and self.loop.is_running():
-                        asyncio.run_coroutine_threadsafe(result, self.loop).result()
+                        asyncio.run_coroutine_threadsafe(_awaited(result), self.loop).result()
                     else:
-                        asyncio.new_event_loop().run_until_complete(result)
+                        asyncio.new_event_loop().run_until_complete(_awaited(result))
         except BaseException as exc:  # finalize errors are logged, the worker still ends
             self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
         self.channel.send(("F",))
-        _exit(self.runtime, 0)
+        exit_worker(self.runtime, 0)
 
 
-def _rescheduled(requests: list) -> tuple:
+def _rescheduled(requests: list[Any]) -> tuple[Any, ...]:
     """Indices of the requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
     flag = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
     return tuple(i for i, request in enumerate(requests) if request.release_flags() == flag)
 
 
-def _exit(runtime: WorkerRuntime, code: int) -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    runtime.shutdown_resources()
-    os._exit(code)
-
-
-def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
+def auto_complete(channel: BlockingChannel, message: tuple[Any, ...]) -> None:
     _, config_json, model_file = message
     _runtime.set_phase("auto_complete")
     try:
@@ -308,53 +286,3 @@ def _auto_complete(channel: BlockingChannel, message: tuple) -> None:
         channel.send(("auto_ok", json.dumps(result.as_dict())))
     except BaseException as exc:  # reported as the load error
         channel.send(("auto_error", format_exception(exc)))
-
-
-def _keep_freed_buffers() -> None:
-    """Reuse freed tensor-sized buffers (as the server does, see naiad.runtime.memory.keep_freed_buffers):
-    glibc would otherwise unmap each one and page-fault a fresh one in for the next request."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 32 << 20)  # M_MMAP_THRESHOLD
-        libc.mallopt(-1, 64 << 20)  # M_TRIM_THRESHOLD
-    except (OSError, AttributeError):  # not glibc: nothing to tune
-        pass
-
-
-def _yield_to_the_server() -> None:
-    """Run as SCHED_BATCH: a worker woken by a request does not preempt the server mid-loop.
-
-    When the server and its workers share a core, each request sent would otherwise switch to the
-    worker at once and back on its answer; as a batch task the worker runs when the server waits,
-    and takes every request queued by then in one go (add_sub over HTTP at c=8 on one core: ~7% more
-    requests/s, gRPC ~12%). On an idle core it runs at once as before; fairness and nice are unchanged.
-    """
-    setter = getattr(os, "sched_setscheduler", None)
-    if setter is not None and hasattr(os, "SCHED_BATCH"):
-        try:
-            setter(0, os.SCHED_BATCH, os.sched_param(0))
-        except OSError:  # not permitted in this sandbox: keep the default policy
-            pass
-
-
-def main(argv: list) -> None:
-    """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.reconfigure(line_buffering=True)
-        except (AttributeError, ValueError):
-            pass
-    _keep_freed_buffers()
-    _yield_to_the_server()
-    sock = socket.socket(fileno=int(argv[0]))
-    channel = BlockingChannel(sock)
-    message = channel.receive()
-    if message[0] == "auto":
-        _auto_complete(channel, message)
-        sys.stdout.flush()
-        os._exit(0)
-    worker = Worker(channel, message[1])
-    if not worker.start():
-        _exit(worker.runtime, 1)
-    worker.serve()
-    _exit(worker.runtime, 0)

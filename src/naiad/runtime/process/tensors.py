@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import mmap
 import struct
+from typing import Any
 
 import numpy as np
 
-from naiad.backends.python.shm import BlockPool
 from naiad.protocol.datatypes import NUMPY_DTYPES, datatype_of_array
+from naiad.runtime.process.shm import BlockPool
 
 ALIGN = 64
 _LEN = struct.Struct("<I")
@@ -21,7 +23,7 @@ def datatype_of(array: np.ndarray) -> str:
     return datatype_of_array(array)
 
 
-def _element_bytes(item) -> bytes:
+def _element_bytes(item: object) -> bytes:
     if isinstance(item, bytes):
         return item
     if isinstance(item, str):
@@ -41,7 +43,7 @@ def encode_bytes(array: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def decode_bytes(buffer, count: int) -> np.ndarray:
+def decode_bytes(buffer: bytes | memoryview | mmap.mmap, count: int) -> np.ndarray:
     """Object array (1-D, `count` elements) of bytes from a serialized BYTES buffer."""
     data = bytes(buffer)
     result = np.empty(count, dtype=np.object_)
@@ -62,7 +64,7 @@ def decode_bytes(buffer, count: int) -> np.ndarray:
 SMALL_COPY = 64 * 1024  # below this, bytes() + one memcpy beats building a memoryview
 
 
-def _prepare(datatype: str, array: np.ndarray):
+def _prepare(datatype: str, array: np.ndarray) -> tuple[bytes | np.ndarray, int]:
     """(payload, nbytes): a C-contiguous array of the wire dtype, or encoded bytes for BYTES."""
     if datatype == "BYTES":
         data = encode_bytes(array if array.dtype.kind == "O" else np.asarray(array, dtype=np.object_))
@@ -73,7 +75,7 @@ def _prepare(datatype: str, array: np.ndarray):
     return array, array.nbytes
 
 
-def pack(pool: BlockPool, groups: list) -> tuple:
+def pack(pool: BlockPool, groups: list[Any]) -> tuple[Any, ...]:
     """Write groups of (name, datatype, array) into one block: (block_name or None, [metadata lists]).
 
     Metadata of one tensor: (name, datatype, shape, offset, nbytes), offsets 64-byte aligned; BYTES
@@ -102,13 +104,13 @@ def pack(pool: BlockPool, groups: list) -> tuple:
                 elif nbytes <= SMALL_COPY:
                     mapping[offset : offset + nbytes] = payload.tobytes()
                 else:
-                    mapping[offset : offset + nbytes] = memoryview(payload.reshape(-1)).cast("B")
+                    mapping[offset : offset + nbytes] = payload.reshape(-1).data.cast("B")
             meta.append((name, datatype, shape, offset, nbytes))
         metas.append(meta)
     return block.name, metas
 
 
-def unpack_one(mapping, meta: tuple, copy: bool) -> np.ndarray:
+def unpack_one(mapping: mmap.mmap | None, meta: tuple[Any, ...], copy: bool) -> np.ndarray:
     """The array described by one metadata tuple in a mapped block; `copy` detaches it from the block."""
     _, datatype, shape, offset, nbytes = meta
     if datatype == "BYTES":
