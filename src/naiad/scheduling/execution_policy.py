@@ -14,8 +14,9 @@ whether, a slow execution can hold the loop: an inline execution that held the l
 of 1 s, doubling each further time up to 64 s; meanwhile its executions go to the instance
 threads. One slow request therefore holds the loop once, and a model whose executions are
 cheap on average but sometimes slow does so at most once per suspension. "Held the loop" is the
-loop thread's CPU time in the execution, counted only once the wall time is over the cap: a
-server the OS paused (a busy host, a container's CPU quota) took no longer to execute anything
+loop thread's CPU time in the execution, looked at only when its wall time is over the cap (the
+thread's CPU clock is read at the start of every inline execution, about 0.5 us): a server the OS
+paused (a busy host, a container's CPU quota) took no longer to execute anything
 and is not suspended for it (measured on a busy 2-core host: pauses of 10 ms in 50 us executions,
 every few seconds). A model whose work waits on threads of its own is slow inline in wall time,
 which enters the average: its next executions go back to the instance threads.
