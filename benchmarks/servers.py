@@ -111,13 +111,14 @@ def _stop_on_failure(server: RunningServer, wait: Callable[[], object]) -> Runni
 
 
 def start_naiad(work: Path, repo: Path, core: str, models: list[str], grpc_impl: str = "naiad",
-                python: str = sys.executable, tag: str = "naiad", src: Path | None = None) -> RunningServer:
+                python: str = sys.executable, tag: str = "naiad", src: Path | None = None,
+                extra: tuple[str, ...] = ()) -> RunningServer:
     """`python -m naiad serve` on `repo` with OS-chosen ports (read from its NAIAD_READY line);
-    `src`: the `src/` folder of another checkout to run instead of the installed package."""
+    `src`: the `src/` folder of another checkout to run instead of the installed package; `extra` flags."""
     out_path, log_path = work / f"{tag}.stdout", work / f"{tag}.log"
     cmd = [os.path.abspath(python), "-m", "naiad", "serve", "--model-repository", str(repo), "--http-port", "0",
            "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-           "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl]
+           "--metrics-address", "127.0.0.1", "--grpc-server-impl", grpc_impl, *extra]
     env = {**os.environ, "PYTHONPATH": str(src.resolve())} if src else None
     proc = subprocess.Popen(["taskset", "-c", core, *cmd], stdout=open(out_path, "wb"), stderr=open(log_path, "wb"),
                             stdin=subprocess.DEVNULL, cwd=work, start_new_session=True, env=env)
@@ -211,6 +212,13 @@ def _proc_files(pid: int, name: str) -> list[str]:
         except OSError:
             continue
     return texts
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system, every thread) used so far by one process, without its children."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def tree_cpu_seconds(pid: int) -> float:

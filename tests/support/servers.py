@@ -17,6 +17,7 @@ from pathlib import Path
 
 READY_PREFIX = "NAIAD_READY "
 GRPC_IMPL_ENV = "NAIAD_TEST_GRPC_IMPL"  # run the suite's servers with --grpc-server-impl naiad|grpcio
+FRONTEND_PROCESSES_ENV = "NAIAD_TEST_FRONTEND_PROCESSES"  # run the suite's servers with --frontend-processes N
 
 
 @dataclass
@@ -69,6 +70,9 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
     impl = os.environ.get(GRPC_IMPL_ENV)
     if impl and not any(arg.startswith("--grpc-server-impl") for arg in extra_args):
         command += ["--grpc-server-impl", impl]
+    processes = os.environ.get(FRONTEND_PROCESSES_ENV)
+    if processes and not any(arg.startswith("--frontend-processes") for arg in extra_args):
+        command += ["--frontend-processes", processes]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output: list[str] = []

@@ -49,6 +49,7 @@ def _shown_default(value: object) -> str:
     return str(value)
 
 
+MAX_FRONTEND_PROCESSES = 64
 _MENTIONS_DEFAULT = re.compile(r"(?<![-\w])default(?![-\w])", re.IGNORECASE)  # not default-max-batch-size
 
 
@@ -132,6 +133,16 @@ def missing_repository(args: argparse.Namespace) -> bool:
     return not args.model_repository and not default_repositories(os.environ)
 
 
+def _process_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got '{text}'") from None
+    if not 1 <= value <= MAX_FRONTEND_PROCESSES:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_FRONTEND_PROCESSES}, got {value}")
+    return value
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     required = parser.add_argument_group("required")
@@ -150,6 +161,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         metavar="SECS", help="close connections whose request headers are not complete within this time")
     parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
                         metavar="SECS", help="answer 408 when a request body is not complete within this time")
+    parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
+                        help="serve the HTTP/REST port from N worker processes that decode and encode requests "
+                        "and hand them to this process (models, batching, statistics, model control stay here, "
+                        "one server); 1 = all in this process (default)")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
@@ -332,6 +347,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_max_input_size=args.http_max_input_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
+        frontend_processes=args.frontend_processes,
         openai_port=args.openai_port,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,

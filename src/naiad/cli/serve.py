@@ -56,7 +56,7 @@ def _configure_logging(settings: LogSettings) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _frontend_class(key: str) -> type:
+def _frontend_class(key: str, config: ServerConfig) -> type:
     from naiad.frontends.grpc.server import GrpcFrontend
     from naiad.frontends.http.server import HttpFrontend
     from naiad.frontends.metrics import MetricsFrontend
@@ -64,6 +64,10 @@ def _frontend_class(key: str) -> type:
     from naiad.frontends.sagemaker import SageMakerFrontend
     from naiad.frontends.vertex import VertexFrontend
 
+    if key == "http_port" and config.frontend_processes > 1:
+        from naiad.frontends.workers.pool import WorkerHttpFrontend
+
+        return WorkerHttpFrontend
     return {"http_port": HttpFrontend, "grpc_port": GrpcFrontend, "metrics_port": MetricsFrontend,
             "sagemaker_port": SageMakerFrontend, "vertex_ai_port": VertexFrontend, "openai_port": OpenAIFrontend}[key]
 
@@ -141,7 +145,7 @@ async def _start_frontends(server: ServerAPI, config: ServerConfig) -> tuple[lis
     bound: list[tuple[Listener, int]] = []
     for listener in listeners(config):
         try:
-            frontend = _frontend_class(listener.key)(server, listener.host, listener.port)
+            frontend = _frontend_class(listener.key, config)(server, listener.host, listener.port)
             port = await frontend.start()
         except (OSError, ValueError) as exc:  # ValueError: a setting the frontend refuses (TLS files, Vertex model)
             for started in reversed(frontends):

@@ -62,8 +62,10 @@ class _EmbeddedUvicorn(uvicorn.Server):
 class HttpListener:
     """Serves an ASGI app on host:port within the running loop; `options` are uvicorn.Config settings."""
 
-    def __init__(self, app: Any, host: str, port: int, name: str, **options: Any) -> None:
+    def __init__(self, app: Any, host: str, port: int, name: str, sock: socket.socket | None = None,
+                 **options: Any) -> None:
         self._app = app
+        self._given_socket = sock  # already listening (a frontend worker's share of the port)
         self._host = host
         self._port = port
         self._name = name
@@ -74,15 +76,16 @@ class HttpListener:
 
     @classmethod
     def for_server(cls, app: Any, config: ServerConfig, host: str, port: int, name: str,
-                   tls: dict[str, Any] | None = None) -> HttpListener:
+                   tls: dict[str, Any] | None = None, sock: socket.socket | None = None) -> HttpListener:
         """The listener every Naiad port uses: its HTTP/1.1 connections with the server's header and body
-        timeouts, keep-alive, a graceful stop bounded by --exit-timeout-secs, and `tls` (see tls_options)."""
+        timeouts, keep-alive, a graceful stop bounded by --exit-timeout-secs, and `tls` (see tls_options);
+        `sock` is a listening socket to serve instead of binding host:port."""
         protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(config.http_header_timeout_secs),
             body_timeout=float(config.http_body_timeout_secs),
         )
-        return cls(app, host, port, name,
+        return cls(app, host, port, name, sock,
                    http=protocol, ws="none", interface="asgi3", proxy_headers=False,
                    timeout_keep_alive=KEEP_ALIVE_SECS,
                    timeout_graceful_shutdown=max(1, int(config.exit_timeout_secs)),
@@ -92,7 +95,7 @@ class HttpListener:
         """Bind and start serving; returns the bound port."""
         if self._task is not None:
             raise RuntimeError(f"{self._name} already started")
-        self._socket = bind_socket(self._host, self._port)
+        self._socket = self._given_socket or bind_socket(self._host, self._port)
         bound_port = self._socket.getsockname()[1]
         options: dict[str, Any] = {"lifespan": "off", "access_log": False, "log_config": None,
                                    "server_header": False, "backlog": BACKLOG}

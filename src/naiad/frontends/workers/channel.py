@@ -1,0 +1,147 @@
+"""The framed message channel between a frontend worker and the core process (one unix socket pair each).
+
+A frame is a 4-byte little-endian length and a pickled message (protocol 5: numpy tensors travel as
+one contiguous copy). Both ends are asyncio protocols: `send()` writes a frame, `on_message` gets
+each whole frame's message, in order. The worker reads its first frame (the server settings)
+before its event loop starts, with `read_frame()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any, cast
+
+_LENGTH = struct.Struct("<I")
+MAX_FRAME = (1 << 32) - 1
+_FIRST_BUFFER = 1 << 16
+_KEPT_BUFFER = 1 << 20
+
+
+class UnsendableMessage(ValueError):
+    """A message the channel cannot carry (nested too deeply to pickle, or over 4 GiB)."""
+
+
+def encode_frame(message: Any) -> bytes:
+    try:
+        payload = pickle.dumps(message, protocol=5)
+    except RecursionError:
+        raise UnsendableMessage("the message is nested too deeply for the worker channel") from None
+    if len(payload) > MAX_FRAME:
+        raise UnsendableMessage(f"message of {len(payload)} bytes is too large for the worker channel")
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def read_frame(sock: socket.socket) -> Any:
+    """One message read with blocking calls (before the event loop runs)."""
+    (length,) = _LENGTH.unpack(_read_exactly(sock, _LENGTH.size))
+    return pickle.loads(_read_exactly(sock, length))
+
+
+def _read_exactly(sock: socket.socket, count: int) -> bytes:
+    chunks: list[bytes] = []
+    while count:
+        chunk = sock.recv(min(count, 1 << 20))
+        if not chunk:
+            raise EOFError("the worker channel closed")
+        chunks.append(chunk)
+        count -= len(chunk)
+    return b"".join(chunks)
+
+
+class Channel(asyncio.BufferedProtocol):
+    """One end of the channel. `closed` resolves when the peer goes away (or close() is called)."""
+
+    def __init__(self, on_message: Callable[[Any], None]) -> None:
+        self.on_message = on_message
+        self._loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self._loop.create_future()
+        self._transport: asyncio.Transport | None = None
+        self._outgoing: list[bytes] = []  # frames sent during this turn of the loop, written at its end
+        self._buffer = bytearray(_FIRST_BUFFER)
+        self._filled = 0
+
+    @classmethod
+    async def open(cls, sock: socket.socket, on_message: Callable[[Any], None]) -> Channel:
+        """Run the channel over an already connected unix socket."""
+        sock.setblocking(False)
+        _, protocol = await asyncio.get_running_loop().create_unix_connection(lambda: cls(on_message), sock=sock)
+        return protocol
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # (uvloop's transports do not subclass asyncio's)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and not self._transport.is_closing()
+
+    def send(self, message: Any) -> None:
+        """Queue one message (dropped when the peer is gone); UnsendableMessage when it cannot be framed.
+
+        The frames of one turn of the event loop go out in one write: a write per message costs a
+        system call and a wake-up of the peer each, the largest part of a request's cost here."""
+        frame = encode_frame(message)
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._outgoing = self._outgoing, []
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+
+    # ------------------------------------------------------------ reading (BufferedProtocol)
+    # The buffer is replaced, never resized: the transport may still hold a view of the old one.
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if len(self._buffer) - self._filled < 1 << 14:
+            self._replace_buffer(2 * len(self._buffer))  # a large frame is arriving
+        return memoryview(self._buffer)[self._filled:]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._filled += nbytes
+        start = 0
+        buffer = self._buffer
+        while self._filled - start >= _LENGTH.size:
+            (length,) = _LENGTH.unpack_from(buffer, start)
+            end = start + _LENGTH.size + length
+            if end > self._filled:
+                break
+            message = pickle.loads(memoryview(buffer)[start + _LENGTH.size:end])
+            start = end
+            self.on_message(message)
+        remaining = self._filled - start
+        if remaining == 0:
+            self._filled = 0
+            if len(buffer) > _KEPT_BUFFER:
+                self._buffer = bytearray(_KEPT_BUFFER)  # a large frame passed: give its memory back
+            return
+        needed = _LENGTH.unpack_from(buffer, start)[0] + _LENGTH.size if remaining >= _LENGTH.size else 0
+        if needed + (1 << 14) > len(buffer):
+            self._replace_buffer(needed + (1 << 14), start)  # room for the whole frame being read
+        elif start:
+            buffer[:remaining] = buffer[start:self._filled]  # same size: allowed while a view is held
+            self._filled = remaining
+
+    def _replace_buffer(self, size: int, start: int = 0) -> None:
+        """A new buffer of `size` bytes holding the unread bytes from `start` on."""
+        fresh = bytearray(size)
+        remaining = self._filled - start
+        fresh[:remaining] = self._buffer[start:self._filled]
+        self._buffer = fresh
+        self._filled = remaining
+
+    def eof_received(self) -> bool | None:
+        return False

@@ -1,0 +1,87 @@
+"""Worker side of the channel: the core process as awaitable calls (infer, relay)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from naiad.frontends.workers import wire
+from naiad.frontends.workers.channel import Channel
+from naiad.frontends.workers.codec import request_to_wire, response_from_wire
+from naiad.protocol.errors import unavailable
+from naiad.protocol.types import InferenceRequest, InferenceResponse
+
+_END = object()
+
+
+class CoreClient:
+    """Sends requests to the core over `channel` and routes the answers back to their callers."""
+
+    def __init__(self) -> None:
+        self.channel: Channel | None = None
+        self._ids = itertools.count(1)
+        self._results: dict[int, asyncio.Future[Any]] = {}
+        self._relays: dict[int, asyncio.Queue[Any]] = {}
+
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind, request_id = message[0], message[1]
+        if kind == wire.RESULT or kind == wire.ERROR:
+            future = self._results.pop(request_id, None)
+            if future is not None and not future.done():
+                if kind == wire.RESULT:
+                    future.set_result(response_from_wire(message[2]))
+                else:
+                    future.set_exception(wire.error_from_value(message[2]))
+            return
+        queue = self._relays.get(request_id)
+        if queue is not None:
+            queue.put_nowait(message[2] if kind == wire.ASGI else _END)
+
+    def core_gone(self) -> None:
+        """The core went away: every pending call fails (the worker exits next)."""
+        for future in self._results.values():
+            if not future.done():
+                future.set_exception(unavailable("Server not ready"))
+        self._results.clear()
+        for queue in self._relays.values():
+            queue.put_nowait(_END)
+
+    def _channel(self) -> Channel:
+        if self.channel is None or not self.channel.is_open:
+            raise unavailable("Server not ready")
+        return self.channel
+
+    async def infer(self, request: InferenceRequest, traceparent: str) -> InferenceResponse:
+        channel = self._channel()
+        request_id = next(self._ids)
+        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))  # (UnsendableMessage: the caller relays)
+        self._results[request_id] = future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._results.pop(request_id, None) is not None:
+                channel.send((wire.CANCEL, request_id))
+            raise
+
+    async def relay(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[dict[str, Any]]:
+        """The ASGI messages the core's HTTP application sends for this request, in order."""
+        channel = self._channel()
+        request_id = next(self._ids)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._relays[request_id] = queue
+        channel.send((wire.RELAY, request_id, wire.relayed_scope(scope), body))
+        finished = False
+        try:
+            while True:
+                message = await queue.get()
+                if message is _END:
+                    finished = True
+                    return
+                yield message
+        finally:
+            self._relays.pop(request_id, None)
+            if not finished:
+                channel.send((wire.CANCEL, request_id))

@@ -1,0 +1,112 @@
+"""Core side of one worker's channel: runs its requests through the facade as if they came in here.
+
+Decoded infer requests go to the inference interface (`InferenceAPI.infer`); every other HTTP request is run by the core's own
+HTTP application (the one the HTTP port serves without workers), so model control, metadata,
+statistics, shared-memory registration and the rest give the one server's answers by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
+from naiad.frontends.workers import wire
+from naiad.frontends.workers.channel import Channel, UnsendableMessage
+from naiad.frontends.workers.codec import request_from_wire, response_to_wire
+from naiad.observability.trace_context import incoming_traceparent
+from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
+
+if TYPE_CHECKING:
+    from naiad.core.facade import InferenceAPI
+    from naiad.frontends.http.app import HttpApp
+
+log = logging.getLogger("naiad.frontends")
+
+
+class Dispatcher:
+    """Answers one worker's messages; `tasks` are its requests in flight (cancelled if the worker dies)."""
+
+    def __init__(self, inference: InferenceAPI, app: HttpApp, on_ready: Any) -> None:
+        self.inference = inference
+        self.app = app
+        self.on_ready = on_ready
+        self.channel: Channel | None = None
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self._loop = asyncio.get_running_loop()
+
+    def on_message(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == wire.INFER:
+            self._start(message[1], self._infer(message[1], message[2], message[3]))
+        elif kind == wire.CANCEL:
+            task = self.tasks.pop(message[1], None)
+            if task is not None:
+                task.cancel()
+        elif kind == wire.RELAY:
+            self._start(message[1], self._relay(message[1], message[2], message[3]))
+        elif kind == wire.READY:
+            self.on_ready(message[1])
+        else:
+            log.error("frontend worker sent an unknown message kind %r", kind)
+
+    def cancel_all(self) -> None:
+        for task in self.tasks.values():
+            task.cancel()
+        self.tasks.clear()
+
+    def _start(self, request_id: int, work: Any) -> None:
+        task = self._loop.create_task(work)
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        if self.channel is not None:
+            self.channel.send(message)
+
+    async def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str) -> None:
+        request = request_from_wire(wired)
+        try:
+            if traceparent:
+                with incoming_traceparent(((b"traceparent", traceparent.encode("latin-1")),)):
+                    response = await self.inference.infer(request)
+            else:
+                response = await self.inference.infer(request)
+        except DecoupledModelError:
+            self._send((wire.ERROR, request_id, wire.error_value(unsupported(DECOUPLED_MESSAGE))))
+        except NaiadError as exc:
+            self._send((wire.ERROR, request_id, wire.error_value(exc)))
+        except Exception as exc:  # a bug of ours: the client gets a 500, the server keeps serving
+            log.exception("error running a frontend worker's infer request for model '%s'", request.model_name)
+            self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
+        else:
+            try:
+                self._send((wire.RESULT, request_id, response_to_wire(response)))
+            except UnsendableMessage as exc:
+                self._send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
+
+    async def _relay(self, request_id: int, scope: dict[str, Any], body: bytes) -> None:
+        delivered = False
+        gone = asyncio.Event()  # never set: a client that goes away cancels this task instead
+
+        async def receive() -> dict[str, Any]:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            body = message.get("body")
+            if body is not None and not isinstance(body, bytes):  # a memoryview does not pickle
+                message = {**message, "body": bytes(body)}
+            self._send((wire.ASGI, request_id, message))
+
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            log.exception("error relaying %s %s from a frontend worker", scope.get("method"), scope.get("path"))
+        finally:
+            self._send((wire.DONE, request_id))

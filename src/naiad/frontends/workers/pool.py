@@ -1,0 +1,169 @@
+"""The HTTP/REST port served by N frontend worker processes (`--frontend-processes N`, N >= 2).
+
+The core binds N listening sockets on the port (SO_REUSEPORT) and starts one worker per socket, each
+with a channel (a unix socket pair) to a Dispatcher here. A worker that dies is started again on the
+same socket (connections queued there wait for it); stop() asks every worker to drain (SIGTERM),
+bounded by --exit-timeout-secs, then kills what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from naiad.config.server_config import ServerConfig
+from naiad.frontends.http.app import HttpApp
+from naiad.frontends.http.listener import tls_options
+from naiad.frontends.sockets import bind_shared_sockets
+from naiad.frontends.workers.channel import Channel, encode_frame
+from naiad.frontends.workers.dispatcher import Dispatcher
+
+if TYPE_CHECKING:
+    from naiad.core.facade import ServerAPI
+
+log = logging.getLogger("naiad.frontends")
+
+START_TIMEOUT_SECS = 120.0  # a worker imports Naiad's frontends before it listens: slow on a loaded machine
+RESTART_BACKOFF_SECS = 1.0  # a worker that dies this soon after starting waits this long before the next try
+KILL_GRACE_SECS = 5.0
+
+
+class WorkerProcess:
+    """One worker: its process, its channel and the dispatcher answering it."""
+
+    def __init__(self, index: int, listen: socket.socket, server: ServerAPI, app: HttpApp) -> None:
+        self.index = index
+        self.listen = listen
+        self.server = server
+        self.app = app
+        self.process: asyncio.subprocess.Process | None = None
+        self.dispatcher: Dispatcher | None = None
+        self.ready: asyncio.Future[int] | None = None
+        self.started_at = 0.0
+
+    async def spawn(self) -> None:
+        loop = asyncio.get_running_loop()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.ready = loop.create_future()
+        ready = self.ready
+        dispatcher = Dispatcher(self.server.inference, self.app, lambda pid: ready.done() or ready.set_result(pid))
+        try:
+            ours.sendall(encode_frame(self.server.config))  # read by the worker before its loop starts
+            self.process = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "naiad.frontends.workers.worker_main",
+                str(theirs.fileno()), str(self.listen.fileno()), str(self.index),
+                pass_fds=(theirs.fileno(), self.listen.fileno()))
+        finally:
+            theirs.close()
+        self.started_at = time.monotonic()
+        dispatcher.channel = await Channel.open(ours, dispatcher.on_message)
+        self.dispatcher = dispatcher
+
+    async def wait_ready(self, timeout: float) -> None:
+        assert self.ready is not None and self.process is not None
+        exited = asyncio.ensure_future(self.process.wait())
+        try:
+            done, _ = await asyncio.wait({self.ready, exited}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+        if self.ready not in done:
+            code = self.process.returncode
+            raise OSError(f"frontend worker {self.index} did not start "
+                          + (f"(exit code {code})" if code is not None else f"within {timeout:g} s"))
+
+    def forget(self) -> None:
+        """After the process ended: fail its requests in flight, close its channel."""
+        if self.dispatcher is not None:
+            self.dispatcher.cancel_all()
+            if self.dispatcher.channel is not None:
+                self.dispatcher.channel.close()
+            self.dispatcher = None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.process is not None and self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(sig)
+
+
+class WorkerHttpFrontend:
+    """The HTTP/REST endpoint of one server, served by `config.frontend_processes` worker processes."""
+
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
+        self.server = server
+        self.host = host
+        self.port = port
+        self.config: ServerConfig = server.config
+        config = self.config
+        tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,  # refuse bad TLS settings here, not in N workers
+                    config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
+        self.app = HttpApp(server)  # answers what the workers relay, as the HTTP port would without them
+        self.workers: list[WorkerProcess] = []
+        self._sockets: list[socket.socket] = []
+        self._watchers: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> int:
+        """Bind, start every worker and wait until each listens; returns the bound port."""
+        self._sockets = bind_shared_sockets(self.host, self.port, self.config.frontend_processes)
+        port = self._sockets[0].getsockname()[1]
+        try:
+            self.workers = [WorkerProcess(i, sock, self.server, self.app) for i, sock in enumerate(self._sockets)]
+            for worker in self.workers:
+                await worker.spawn()
+            for worker in self.workers:
+                await worker.wait_ready(START_TIMEOUT_SECS)
+        except BaseException:
+            await self.stop()
+            raise
+        self._watchers = [asyncio.get_running_loop().create_task(self._watch(w)) for w in self.workers]
+        log.info("HTTP/REST served by %d frontend worker processes (pids %s)", len(self.workers),
+                 ", ".join(str(w.process.pid) for w in self.workers if w.process is not None))
+        return port
+
+    async def _watch(self, worker: WorkerProcess) -> None:
+        """Start the worker again whenever it ends while the server runs."""
+        while True:
+            assert worker.process is not None
+            code = await worker.process.wait()
+            worker.forget()
+            if self._stopping:
+                return
+            log.warning("frontend worker %d (pid %d) exited with code %s; starting it again",
+                        worker.index, worker.process.pid, code)
+            if time.monotonic() - worker.started_at < RESTART_BACKOFF_SECS:
+                await asyncio.sleep(RESTART_BACKOFF_SECS)
+            try:
+                await worker.spawn()
+                await worker.wait_ready(START_TIMEOUT_SECS)
+            except OSError as exc:
+                log.error("%s", exc)
+            else:
+                log.info("frontend worker %d started again (pid %d)", worker.index, worker.process.pid)
+
+    async def stop(self) -> None:
+        """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
+        self._stopping = True
+        for watcher in self._watchers:
+            watcher.cancel()
+        running = [w for w in self.workers if w.process is not None and w.process.returncode is None]
+        for worker in running:
+            worker.signal(signal.SIGTERM)
+        waits = [w.process.wait() for w in running if w.process is not None]
+        if waits:
+            grace = max(1.0, float(self.config.exit_timeout_secs)) + KILL_GRACE_SECS
+            done, pending = await asyncio.wait([asyncio.ensure_future(w) for w in waits], timeout=grace)
+            if pending:
+                for worker in running:
+                    worker.signal(signal.SIGKILL)
+                await asyncio.wait(pending)
+        for worker in self.workers:
+            worker.forget()
+        for sock in self._sockets:
+            sock.close()
+        self._sockets = []

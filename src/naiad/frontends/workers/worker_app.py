@@ -1,0 +1,148 @@
+"""The HTTP/REST application of a frontend worker: infer is decoded and encoded here, the rest is relayed.
+
+A POST infer whose body decodes cleanly (JSON, binary tensors, shared-memory references, which the
+core reads; not a raw binary body) becomes an InferenceRequest sent to the core; its response is
+encoded here. Every other request, any infer body this process cannot decode alone, and every
+request when --http-restricted-api is set (the core's guard decides), is relayed whole to the
+core's own HTTP application: answers and the precedence of errors stay exactly the single server's.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from naiad.config.server_config import ServerConfig
+from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, decompress_body, read_body
+from naiad.frontends.http.compression import choose_encoding, compress
+from naiad.frontends.http.disconnect import until_disconnect
+from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
+from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
+from naiad.frontends.security import header_forwarder
+from naiad.frontends.workers.channel import UnsendableMessage
+from naiad.frontends.workers.core_client import CoreClient
+from naiad.observability.trace_context import find_traceparent
+from naiad.protocol.errors import NaiadError
+
+log = logging.getLogger("naiad.http")
+
+_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
+
+
+class _CoreOnly(Exception):
+    """The request needs state only the core holds (the model config of a raw binary body): relay it."""
+
+
+class _NoLocalState:
+    """What decode_infer_request may look up on the server; a worker holds none of it."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise _CoreOnly(name)
+
+
+class WorkerApp:
+    """ASGI 3 callable of one worker process."""
+
+    def __init__(self, config: ServerConfig, core: CoreClient) -> None:
+        self.config = config
+        self.core = core
+        self.forward_headers = header_forwarder(config.http_header_forward_pattern)
+        self._no_state: Any = _NoLocalState()
+
+    async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if scope["method"] == "POST" and "/infer" in path and not self.config.http_restricted_api:
+            match = _INFER.fullmatch(path)
+            if match is not None:
+                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
+                return
+        body = await self._read(scope, receive, send)
+        if body is not None:
+            await self._relay_watched(scope, receive, body, send)
+
+    async def _read(self, scope: dict[str, Any], receive: Receive, send: Send) -> bytes | None:
+        """The whole (bounded) body, or None once the error is answered or the client is gone."""
+        headers = RequestHeaders.from_scope(scope)
+        if not headers.may_have_body():
+            return b""
+        try:
+            return await read_body(receive, headers, self.config.http_max_input_size,
+                                   body_timeout(scope, self.config.http_body_timeout_secs))
+        except ClientDisconnected:
+            return None
+        except (NaiadError, HttpError) as exc:
+            status, message = status_and_message(exc)
+            await send_error(send, status, message, close=getattr(exc, "close", False),
+                             headers=getattr(exc, "headers", None))
+            return None
+
+    async def _relay_watched(self, scope: dict[str, Any], receive: Receive, body: bytes, send: Send) -> None:
+        """Relay, cancelling the core's work if the client goes away."""
+        try:
+            await until_disconnect(receive, self._relay(scope, body, send), scope)
+        except ClientDisconnected:
+            return
+
+    async def _relay(self, scope: dict[str, Any], body: bytes, send: Send) -> None:
+        started = False
+        try:
+            async for message in self.core.relay(scope, body):
+                started = True
+                await send(message)
+        except NaiadError as exc:
+            if not started:
+                status, text = status_and_message(exc)
+                await send_error(send, status, text)
+            return
+        if not started:
+            await send_error(send, 503, "Server not ready")
+
+    async def _infer(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
+        headers = RequestHeaders.from_scope(scope)
+        body = await self._read(scope, receive, send)
+        if body is None:
+            return
+        try:
+            plain = body if headers.content_encoding is None else decompress_body(
+                body, headers.content_encoding, self.config.http_max_input_size)
+            header_length = parse_header_length(headers.infer_header_length, len(plain))
+            if header_length == 0:
+                raise _CoreOnly("a raw binary body is shaped by the model config")
+            request, plan = decode_infer_request(self._no_state, model, version, plain, header_length)
+        except (NaiadError, HttpError, _CoreOnly):
+            # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
+            await self._relay_watched(scope, receive, body, send)
+            return
+        if self.forward_headers is not None:
+            self.forward_headers.apply(scope["headers"], request.parameters)
+        try:
+            response = await until_disconnect(receive, self.core.infer(request, find_traceparent(scope["headers"])),
+                                              scope)
+            payload, json_length = encode_infer_response(response, plan)
+        except ClientDisconnected:
+            return
+        except UnsendableMessage:  # parameters nested past what pickle carries: the core decodes the body itself
+            await self._relay_watched(scope, receive, body, send)
+            return
+        except NaiadError as exc:
+            status, message = status_and_message(exc)
+            await send_error(send, status, message)
+            return
+        except Exception as exc:  # a bug of ours: answer 500, keep serving
+            log.exception("error handling infer for model '%s'", model)
+            await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
+            return
+        out_headers = [(b"content-type", JSON)] if json_length is None else [
+            (b"content-type", OCTET_STREAM), (b"inference-header-content-length", str(json_length).encode())]
+        if headers.accept_encoding is not None:
+            encoding = choose_encoding(headers.accept_encoding)
+            if encoding is not None:
+                payload = compress(payload, encoding)
+                out_headers.append((b"content-encoding", encoding))
+        out_headers.append((b"content-length", str(len(payload)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": out_headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})

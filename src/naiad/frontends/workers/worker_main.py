@@ -1,0 +1,88 @@
+"""A frontend worker process: serves its share of the HTTP/REST port and hands requests to the core.
+
+Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD LISTEN_FD INDEX`. The
+first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
+flight, exit. SIGINT is the core's to act on (a terminal's Ctrl-C reaches the whole group). When the
+core goes away, the worker exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from naiad.config.server_config import ServerConfig
+from naiad.frontends.http.listener import HttpListener, tls_options
+from naiad.frontends.workers import wire
+from naiad.frontends.workers.channel import Channel, read_frame
+from naiad.frontends.workers.core_client import CoreClient
+from naiad.frontends.workers.worker_app import WorkerApp
+from naiad.observability.log_settings import LogSettings, SettingsFilter, TritonFormatter
+
+log = logging.getLogger("naiad.frontends")
+
+
+def _configure_logging(config: ServerConfig) -> None:
+    """The core's log settings and format (its later changes through /v2/logging stay in the core)."""
+    settings = LogSettings(log_file=config.log_file, log_info=config.log_info, log_warning=config.log_warning,
+                           log_error=config.log_error, log_verbose_level=config.log_verbose,
+                           log_format=config.log_format)
+    handler: logging.Handler = logging.FileHandler(settings.log_file) if settings.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(settings))
+    handler.addFilter(SettingsFilter(settings))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.logger_level)
+    for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: socket.socket, index: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    core = CoreClient()
+    channel = await Channel.open(channel_sock, core.on_message)
+    core.channel = channel
+    tls = tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,
+                      config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
+    listen_sock.setblocking(False)
+    listener = HttpListener.for_server(WorkerApp(config, core), config, config.http_address, config.http_port,
+                                       f"naiad-http-worker-{index}", tls=tls, sock=listen_sock)
+    await listener.start()
+    channel.send((wire.READY, os.getpid()))
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({stopping, channel.closed}, return_when=asyncio.FIRST_COMPLETED)
+    if channel.closed.done():
+        core.core_gone()
+        log.warning("frontend worker %d: the core process went away; exiting", index)
+    await listener.stop()
+    channel.close()
+
+
+def main(argv: list[str]) -> int:
+    channel_fd, listen_fd, index = (int(arg) for arg in argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    channel_sock = socket.socket(fileno=channel_fd)
+    listen_sock = socket.socket(fileno=listen_fd)
+    try:
+        config: ServerConfig = read_frame(channel_sock)
+    except EOFError:
+        return 1
+    _configure_logging(config)
+    work = serve(config, channel_sock, listen_sock, index)
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(work)
+    else:
+        uvloop.run(work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

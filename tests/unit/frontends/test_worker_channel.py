@@ -1,0 +1,154 @@
+"""The frontend workers' channel and codec: frames of any size in order, flat infer tuples that round-trip."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from naiad.frontends.sockets import bind_shared_sockets
+from naiad.frontends.workers import wire
+from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
+from naiad.frontends.workers.codec import (
+    request_from_wire,
+    request_to_wire,
+    response_from_wire,
+    response_to_wire,
+)
+from naiad.frontends.workers.dispatcher import Dispatcher
+from naiad.protocol.types import (
+    InferenceRequest,
+    InferenceResponse,
+    InferInput,
+    OutputTensor,
+    RequestedOutput,
+    SharedMemoryRef,
+)
+
+
+def test_frames_of_every_size_arrive_whole_and_in_order() -> None:
+    sizes = [0, 1, 100, 70_000, 3_000_000, 5, 1 << 16, 2_000_000] + [10] * 500
+
+    async def scenario() -> list[object]:
+        ours, theirs = socket.socketpair()
+        received: list[object] = []
+        sender = await Channel.open(ours, lambda message: None)
+        receiver = await Channel.open(theirs, received.append)
+        for index, size in enumerate(sizes):
+            sender.send((index, b"x" * size))
+        while len(received) < len(sizes):
+            await asyncio.sleep(0.01)
+        sender.close()
+        await asyncio.wait_for(receiver.closed, 10)  # the peer going away resolves `closed`
+        return received
+
+    received = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [(index, len(body)) for index, body in received] == list(enumerate(sizes))
+
+
+def test_a_message_nested_too_deeply_is_refused_and_the_channel_keeps_working() -> None:
+    deep: list[object] = []
+    for _ in range(100_000):
+        deep = [deep]
+    with pytest.raises(UnsendableMessage):
+        encode_frame(deep)
+    ours, theirs = socket.socketpair()
+    ours.sendall(encode_frame({"settings": 1}))
+    assert read_frame(theirs) == {"settings": 1}
+    ours.close()
+    with pytest.raises(EOFError):
+        read_frame(theirs)
+
+
+def test_requests_round_trip_through_the_flat_tuple() -> None:
+    words = np.array([b"a", b"bc"], dtype=np.object_).reshape(1, 2)
+    request = InferenceRequest(
+        "model", [InferInput("X", "FP32", (2, 3), np.arange(6, dtype=">f4").reshape(2, 3)[:, ::-1], {"p": 1}),
+                  InferInput("W", "BYTES", (1, 2), words),
+                  InferInput("S", "INT32", (1, 4), None, {}, SharedMemoryRef("inputs", 16, 32))],
+        model_version="2", id="r1",
+        outputs=[RequestedOutput("Y", {"q": True}, 3, SharedMemoryRef("region", 16, 8))],
+        parameters={"k": [1, {"deep": "x"}]}, priority=2, timeout_us=5, sequence_id="s", sequence_start=True)
+    back = request_from_wire(request_to_wire(request))
+    assert back.model_name == "model" and back.model_version == "2" and back.id == "r1"
+    np.testing.assert_array_equal(back.inputs[0].data, request.inputs[0].data)
+    assert back.inputs[0].data.dtype == np.dtype(">f4") and back.inputs[0].parameters == {"p": 1}
+    assert back.inputs[1].data.tolist() == [[b"a", b"bc"]]
+    assert back.inputs[2].data is None and back.inputs[2].shared_memory == SharedMemoryRef("inputs", 16, 32)
+    assert back.outputs == request.outputs
+    assert (back.parameters, back.priority, back.timeout_us) == (request.parameters, 2, 5)
+    assert (back.sequence_id, back.sequence_start, back.sequence_end) == ("s", True, False)
+
+
+def test_responses_round_trip_through_the_flat_tuple() -> None:
+    response = InferenceResponse("model", "1", [OutputTensor("A", "INT64", (1, 2), np.array([[1, 2]])),
+                                                OutputTensor("B", "FP32", (1, 4), None, {"shm": 1})],
+                                 id="r", parameters={"x": "y"})
+    back = response_from_wire(response_to_wire(response))
+    assert (back.model_name, back.model_version, back.id, back.parameters) == ("model", "1", "r", {"x": "y"})
+    np.testing.assert_array_equal(back.outputs[0].data, [[1, 2]])
+    assert back.outputs[1].data is None and back.outputs[1].parameters == {"shm": 1}
+
+
+def test_shared_sockets_listen_on_one_port() -> None:
+    sockets = bind_shared_sockets("127.0.0.1", 0, 3)
+    try:
+        ports = {sock.getsockname()[1] for sock in sockets}
+        assert len(ports) == 1 and ports != {0}
+        with socket.create_connection(("127.0.0.1", ports.pop()), timeout=10):
+            pass  # accepted into one of the three queues
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def test_a_worker_process_loads_no_model_machinery() -> None:
+    """A worker decodes and encodes only: the core, schedulers, backends and frameworks stay in the core process."""
+    probe = ("import sys, naiad.frontends.workers.worker_main; "
+             "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['naiad', 'core'], ['naiad', 'scheduling'], "
+             "['naiad', 'backends'], ['naiad', 'runtime']) or m in ('onnxruntime', 'torch')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert loaded.stdout.strip() == "[]"
+
+
+class _Sent:
+    """Stands in for the core's end of a channel: keeps what the dispatcher sends, as the worker would read it."""
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] = []
+
+    def send(self, message: tuple) -> None:
+        self.messages.append(pickle.loads(encode_frame(message)[4:]))
+
+
+def test_a_relayed_request_streams_the_core_apps_messages_then_done() -> None:
+    async def app(scope, receive, send) -> None:
+        request = await receive()
+        assert scope["path"] == "/v2/x" and request["body"] == b"in"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"3")]})
+        await send({"type": "http.response.body", "body": memoryview(b"out"), "more_body": False})
+
+    async def failing_app(scope, receive, send) -> None:
+        raise RuntimeError("a bug")
+
+    async def scenario() -> tuple[list[tuple], list[tuple]]:
+        results = []
+        for handler in (app, failing_app):
+            dispatcher = Dispatcher(None, handler, None)  # type: ignore[arg-type]
+            sent = _Sent()
+            dispatcher.channel = sent  # type: ignore[assignment]
+            dispatcher.on_message((wire.RELAY, 7, {"type": "http", "path": "/v2/x", "headers": []}, b"in"))
+            while not sent.messages or sent.messages[-1][0] != wire.DONE:
+                await asyncio.sleep(0.01)
+            results.append(sent.messages)
+        return results[0], results[1]
+
+    answered, failed = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [m[0] for m in answered] == [wire.ASGI, wire.ASGI, wire.DONE]
+    assert answered[1][2]["body"] == b"out"  # a memoryview body is sent as bytes
+    assert failed == [(wire.DONE, 7)]  # the worker answers 503 when the core's app sent nothing
