@@ -14,11 +14,10 @@ whether, a slow execution can hold the loop: an inline execution that held the l
 of 1 s, doubling each further time up to 64 s; meanwhile its executions go to the instance
 threads. One slow request therefore holds the loop once, and a model whose executions are
 cheap on average but sometimes slow does so at most once per suspension. "Held the loop" is the
-loop thread's CPU time in the execution, looked at only when its wall time is over the cap (the
-thread's CPU clock is read at the start of every inline execution, about 0.5 us): a server the OS
-paused (a busy host, a container's CPU quota) took no longer to execute anything
-and is not suspended for it (measured on a busy 2-core host: pauses of 10 ms in 50 us executions,
-every few seconds). A model whose work waits on threads of its own is slow inline in wall time,
+loop thread's CPU time in the execution (to within a millisecond: see _CPU_REFRESH_NS), looked at
+only when its wall time is over the cap: a server the OS paused (a busy host, a container's CPU
+quota) took no longer to execute anything and is not suspended for it (measured on a busy 2-core
+host: pauses of 10 ms in 50 us executions, every few seconds). A model whose work waits on threads of its own is slow inline in wall time,
 which enters the average: its next executions go back to the instance threads.
 
 Zero-delay batching. A dynamic batcher with `max_queue_delay_microseconds: 0` (and without
@@ -48,6 +47,9 @@ log = logging.getLogger(__name__)
 FIRST_SUSPENSION_NS = 1_000_000_000
 LONGEST_SUSPENSION_NS = 64_000_000_000
 _WEIGHT = 0.2  # of the newest execution in the moving average
+# The loop thread's CPU clock (a system call, ~0.5 us) is read at most once a millisecond at the start
+# of inline executions: the CPU time charged to a slow one includes at most 1 ms of the loop's earlier work.
+_CPU_REFRESH_NS = 1_000_000
 A = TypeVar("A")
 R = TypeVar("R")
 
@@ -67,6 +69,8 @@ class InlinePolicy:
         self._average_ns = float(self.settings.threshold_ns * 10)
         self._suspended_until = 0
         self.suspensions = 0  # how many times the cap turned inline execution off
+        self._cpu_read_at = -_CPU_REFRESH_NS - 1  # (perf_counter_ns, thread_time_ns) of the loop thread
+        self._cpu_at = 0
 
     def inline(self) -> bool:
         """Whether the next execution runs on the event loop."""
@@ -80,7 +84,10 @@ class InlinePolicy:
 
     def run_inline(self, execute: Callable[[A], R], argument: A) -> R:
         """`execute(argument)` on this thread (the event loop), measured for the average and the cap."""
-        start, cpu_start = time.perf_counter_ns(), time.thread_time_ns()
+        start = time.perf_counter_ns()
+        if start - self._cpu_read_at > _CPU_REFRESH_NS:
+            self._cpu_read_at, self._cpu_at = start, time.thread_time_ns()
+        cpu_start = self._cpu_at
         try:
             return execute(argument)
         finally:
