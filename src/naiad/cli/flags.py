@@ -133,6 +133,14 @@ def missing_repository(args: argparse.Namespace) -> bool:
     return not args.model_repository and not default_repositories(os.environ)
 
 
+def conflicting_flags(args: argparse.Namespace) -> str | None:
+    """Flags that cannot be served together, as the message refusing them; None when they can."""
+    if args.frontend_processes > 1 and args.allow_grpc and args.grpc_server_impl != "grpcio":
+        return ("--grpc-server-impl naiad cannot serve gRPC from --frontend-processes worker processes (they run "
+                "grpcio): use --grpc-server-impl grpcio (the default), --frontend-processes 1 or --allow-grpc false")
+    return None
+
+
 def _process_count(text: str) -> int:
     try:
         value = int(text)
@@ -162,9 +170,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
                         metavar="SECS", help="answer 408 when a request body is not complete within this time")
     parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
-                        help="serve the HTTP/REST port from N worker processes that decode and encode requests "
-                        "and hand them to this process (models, batching, statistics, model control stay here, "
-                        "one server); 1 = all in this process (default)")
+                        help="serve the HTTP/REST port and the gRPC port (grpcio) from N worker processes each, "
+                        "that decode and encode requests and hand them to this process (models, batching, "
+                        "statistics, model control stay here, one server); 1 = all in this process (default)")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")

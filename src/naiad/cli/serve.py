@@ -68,6 +68,10 @@ def _frontend_class(key: str, config: ServerConfig) -> type:
         from naiad.frontends.workers.pool import WorkerHttpFrontend
 
         return WorkerHttpFrontend
+    if key == "grpc_port" and config.frontend_processes > 1:
+        from naiad.frontends.workers.pool import WorkerGrpcFrontend
+
+        return WorkerGrpcFrontend
     return {"http_port": HttpFrontend, "grpc_port": GrpcFrontend, "metrics_port": MetricsFrontend,
             "sagemaker_port": SageMakerFrontend, "vertex_ai_port": VertexFrontend, "openai_port": OpenAIFrontend}[key]
 

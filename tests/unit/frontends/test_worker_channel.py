@@ -7,6 +7,7 @@ import pickle
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from naiad.frontends.workers.codec import (
     response_from_wire,
     response_to_wire,
 )
+from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
 from naiad.protocol.types import (
     InferenceRequest,
@@ -152,3 +154,50 @@ def test_a_relayed_request_streams_the_core_apps_messages_then_done() -> None:
     assert [m[0] for m in answered] == [wire.ASGI, wire.ASGI, wire.DONE]
     assert answered[1][2]["body"] == b"out"  # a memoryview body is sent as bytes
     assert failed == [(wire.DONE, 7)]  # the worker answers 503 when the core's app sent nothing
+
+
+class _OpenChannel(_Sent):
+    is_open = True
+
+
+def test_a_relayed_grpc_stream_sends_at_most_the_window_ahead_of_the_core() -> None:
+    async def scenario() -> tuple[int, int, list[bytes], list[str]]:
+        core = CoreClient()
+        channel = _OpenChannel()
+        core.channel = channel  # type: ignore[assignment]
+
+        async def flood() -> AsyncIterator[bytes]:
+            for i in range(wire.STREAM_WINDOW + 10):
+                yield b"m%d" % i
+
+        responses: list[bytes] = []
+
+        async def consume() -> None:
+            async for response in core.grpc_call("/inference.GRPCInferenceService/ModelStreamInfer", (),
+                                                 requests=flood()):
+                responses.append(response)
+
+        call = asyncio.ensure_future(consume())
+
+        def sent() -> int:
+            return sum(1 for m in channel.messages if m[0] == wire.GRPC_MESSAGE)
+
+        for _ in range(20):
+            await asyncio.sleep(0)
+        held = sent()
+        request_id = channel.messages[0][1]
+        for _ in range(4):
+            core.on_message((wire.GRPC_TAKEN, request_id))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        after_reads = sent()
+        core.on_message((wire.GRPC_OUT, request_id, b"r"))
+        core.on_message((wire.GRPC_END, request_id, "OK", ""))
+        await call
+        return held, after_reads, responses, [m[0] for m in channel.messages]
+
+    held, after_reads, responses, kinds = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert held == wire.STREAM_WINDOW  # the core read none: the rest of the client's messages wait
+    assert after_reads == wire.STREAM_WINDOW + 4
+    assert responses == [b"r"]
+    assert kinds[0] == wire.GRPC_CALL and wire.CANCEL not in kinds  # ended by the core: nothing to cancel
