@@ -1,9 +1,11 @@
-"""`--frontend-processes 1` vs `N` over HTTP with wrk JSON bodies, and the core process's CPU per request.
+"""`--frontend-processes 1` vs `N` over HTTP (wrk, JSON bodies) and gRPC, and the core process's CPU per request.
 
     python benchmarks/frontend_processes_bench.py --processes 1 2 --models add_sub mlp -c 32 --repeats 3
 
-Each repeat starts Naiad once per process count (back to back, unpinned: `taskset -c` all cores),
-runs wrk against each model, and reads /proc for the CPU the core process (the one that schedules,
+Each repeat starts Naiad once per process count (back to back, unpinned: `taskset -c` all cores; the
+gRPC server is grpcio, the one frontend workers run), runs wrk and load.py's gRPC closed loop (one
+process, --channels connections: the kernel spreads connections, not calls, over the workers)
+against each model, and reads /proc for the CPU the core process (the one that schedules,
 batches and runs models; its own threads included, Python-model stubs and frontend workers not)
 spent per request. Best of the repeats by throughput; the table gives ratios to the first count.
 """
@@ -11,8 +13,10 @@ spent per request. Best of the repeats by throughput; the table gives ratios to 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,14 +30,32 @@ import servers  # noqa: E402
 import wrk_load  # noqa: E402
 
 
-def measure(server: servers.RunningServer, model: str, concurrency: int, duration: float) -> dict:
-    wrk_load.run_wrk(server.http_port, model, concurrency, 1.0, warmup=0)  # warm-up, discarded
+def run_grpc(port: int, model: str, concurrency: int, duration: float, channels: int, warmup: float) -> dict:
+    """load.py's gRPC closed loop (raw HTTP/2 client) as a process of its own; its JSON result."""
+    cmd = [sys.executable, str(HERE / "load.py"), "--url", f"127.0.0.1:{port}", "--protocol", "grpc",
+           "--model", model, "-c", str(concurrency), "--duration", str(duration), "--warmup", str(warmup),
+           "--channels", str(channels), "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + duration + 180)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise RuntimeError((done.stderr.strip().splitlines() or ["load.py failed"])[-1][:300])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(server: servers.RunningServer, model: str, protocol: str, concurrency: int, duration: float,
+            channels: int) -> dict:
+    if protocol == "grpc":
+        def load(seconds: float) -> dict:
+            return run_grpc(server.grpc_port, model, concurrency, seconds, channels, warmup=0)
+    else:
+        def load(seconds: float) -> dict:
+            return wrk_load.run_wrk(server.http_port, model, concurrency, seconds, warmup=0)
+    load(1.0)  # warm-up, discarded
     core_before, tree_before = servers.cpu_seconds(server.proc.pid), servers.tree_cpu_seconds(server.proc.pid)
-    result = wrk_load.run_wrk(server.http_port, model, concurrency, duration, warmup=0)
+    result = load(duration)
     core_used = servers.cpu_seconds(server.proc.pid) - core_before
     tree_used = servers.tree_cpu_seconds(server.proc.pid) - tree_before
     done = max(result["completed"], 1)
-    return {"model": model, "concurrency": concurrency, "infer_per_sec": result["infer_per_sec"],
+    return {"model": model, "protocol": protocol, "concurrency": concurrency, "infer_per_sec": result["infer_per_sec"],
             "p50_ms": result["p50_ms"], "p99_ms": result["p99_ms"], "errors": result["errors"],
             "core_cpu_us_per_req": core_used / done * 1e6, "all_cpu_us_per_req": tree_used / done * 1e6}
 
@@ -42,7 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--models", nargs="+", default=["add_sub", "mlp"], choices=["add_sub", "add_sub_onnx", "mlp"])
+    parser.add_argument("--protocols", nargs="+", default=["http-json", "grpc"], choices=["http-json", "grpc"])
     parser.add_argument("-c", "--concurrency", type=int, nargs="+", default=[32])
+    parser.add_argument("--channels", type=int, default=8, help="gRPC connections of the load generator")
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, help="write every run as JSON here")
@@ -56,31 +80,31 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for count in args.processes:
                 servers.log(f"repeat {repeat + 1}: --frontend-processes {count}")
-                server = servers.start_naiad(work, matrix.naiad_repo, cores, list(names.values()),
+                server = servers.start_naiad(work, matrix.naiad_repo, cores, list(names.values()), grpc_impl="grpcio",
                                              tag=f"naiad-{count}", extra=("--frontend-processes", str(count)))
                 try:
                     time.sleep(0.5)
                     for model, name in names.items():
-                        for concurrency in args.concurrency:
-                            run = measure(server, name, concurrency, args.duration)
+                        for protocol, concurrency in itertools.product(args.protocols, args.concurrency):
+                            run = measure(server, name, protocol, concurrency, args.duration, args.channels)
                             runs.append({"processes": count, "repeat": repeat, **run, "model": model})
                             servers.log(json.dumps(runs[-1]))
                 finally:
                     server.stop()
     if args.out:
         args.out.write_text(json.dumps(runs, indent=1))
-    best: dict[tuple[str, int, int], dict] = {}
+    best: dict[tuple[str, str, int, int], dict] = {}
     for run in runs:
-        key = (run["model"], run["concurrency"], run["processes"])
+        key = (run["model"], run["protocol"], run["concurrency"], run["processes"])
         if key not in best or run["infer_per_sec"] > best[key]["infer_per_sec"]:
             best[key] = run
     base = args.processes[0]
-    print(f"| model | c | --frontend-processes | infer/s | ratio to {base} | p50 ms | p99 ms "
+    print(f"| model | protocol | c | --frontend-processes | infer/s | ratio to {base} | p50 ms | p99 ms "
           "| core CPU us/req | all CPU us/req |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (model, concurrency, count), run in sorted(best.items()):
-        ratio = run["infer_per_sec"] / best[(model, concurrency, base)]["infer_per_sec"]
-        print(f"| {model} | {concurrency} | {count} | {run['infer_per_sec']:,.0f} | {ratio:.2f}x | {run['p50_ms']:.2f} "
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (model, protocol, concurrency, count), run in sorted(best.items()):
+        ratio = run["infer_per_sec"] / best[(model, protocol, concurrency, base)]["infer_per_sec"]
+        print(f"| {model} | {protocol} | {concurrency} | {count} | {run['infer_per_sec']:,.0f} | {ratio:.2f}x | {run['p50_ms']:.2f} "
               f"| {run['p99_ms']:.2f} | {run['core_cpu_us_per_req']:.0f} | {run['all_cpu_us_per_req']:.0f} |")
     print(servers.machine_line())
     return 0

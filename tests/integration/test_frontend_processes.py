@@ -1,11 +1,12 @@
-"""`naiad serve --frontend-processes 2`: the HTTP/REST port served by worker processes gives the one
-server's answers (statistics, model control, shared memory, metrics), and survives a worker's death."""
+"""`naiad serve --frontend-processes 2`: the HTTP/REST and gRPC ports served by worker processes give the
+one server's answers (statistics, model control, shared memory, metrics, errors), and survive a worker's death."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import os
+import queue
 import re
 import signal
 import socket
@@ -15,19 +16,28 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model, identity_model
+from tests.support.python_models import write_counter_model
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
 WORKERS = 2
 CONNECTIONS = 16  # fresh connections per check: the kernel spreads them over the workers' sockets
-_PIDS = re.compile(r"served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
-_RESTARTED = re.compile(r"frontend worker (\d+) started again \(pid (\d+)\)")
+_PIDS = re.compile(r"HTTP/REST served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
+_GRPC_PIDS = re.compile(r"gRPC served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
+_RESTARTED = re.compile(r"HTTP/REST frontend worker (\d+) started again \(pid (\d+)\)")
+_GRPC_RESTARTED = re.compile(r"gRPC frontend worker (\d+) started again \(pid (\d+)\)")
+GRPC = ("--grpc-server-impl", "grpcio")  # the workers' gRPC server, whatever the suite's default
 # A lone request waits this long for company: it is still queued when its client gives up.
 QUEUED = "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [8] }"
 
@@ -37,6 +47,8 @@ def _repository(root: Path) -> Path:
     add_sub_model(repo, "add_sub", datatype="INT32", dims=4, scheduler="")
     identity_model(repo, "identity_fp32", "FP32", [-1])
     add_sub_model(repo, "queued", datatype="INT32", dims=4, scheduler=QUEUED)
+    add_sub_model(repo, "queued_grpc", datatype="INT32", dims=4, scheduler=QUEUED)
+    write_counter_model(repo)  # decoupled
     return repo
 
 
@@ -44,7 +56,9 @@ def _repository(root: Path) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = _repository(tmp_path_factory.mktemp("frontend_processes"))
     with start_server(repo, "--frontend-processes", str(WORKERS), "--model-control-mode", "explicit",
-                      "--load-model", "add_sub", "--load-model", "queued") as running:
+                      "--load-model", "add_sub", "--load-model", "queued", "--load-model", "queued_grpc",
+                      "--load-model", "counter",
+                      *GRPC) as running:
         yield running
 
 
@@ -70,9 +84,9 @@ def success_count(server: RunningServer, model: str) -> int:
     return json.loads(body)["model_stats"][0]["inference_stats"]["success"]["count"]
 
 
-def worker_pids(server: RunningServer) -> list[int]:
+def worker_pids(server: RunningServer, pattern: re.Pattern[str] = _PIDS) -> list[int]:
     for line in server.output:
-        match = _PIDS.search(line)
+        match = pattern.search(line)
         if match:
             return [int(pid) for pid in match.group(1).split(",")]
     raise AssertionError("no worker pids in the server's log:\n" + "".join(server.output))
@@ -216,21 +230,34 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    with start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS)) as server:
+    with start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), *GRPC) as server:
         pids = worker_pids(server)
-        assert len(pids) == WORKERS
+        grpc_pids = worker_pids(server, _GRPC_PIDS)
+        assert len(pids) == WORKERS and len(grpc_pids) == WORKERS
         os.kill(pids[0], signal.SIGKILL)
+        os.kill(grpc_pids[0], signal.SIGKILL)
         restarted = wait_for_line(server, _RESTARTED)
         assert int(restarted.group(1)) == 0 and int(restarted.group(2)) not in pids
+        grpc_restarted = wait_for_line(server, _GRPC_RESTARTED)
+        assert int(grpc_restarted.group(1)) == 0 and int(grpc_restarted.group(2)) not in grpc_pids
         for i in range(CONNECTIONS):  # some land on the restarted worker's socket
             status, body = call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([i, 0, 0, 0], [1, 1, 1, 1]))
             assert status == 200, body
-        assert success_count(server, "add_sub") == CONNECTIONS
-        new_pids = [int(restarted.group(2)), pids[1]]
+        for i in range(CONNECTIONS):  # a fresh connection each: some reach the restarted gRPC worker
+            np.testing.assert_array_equal(grpc_add_sub(server, [i, 0, 0, 0], [1, 1, 1, 1])[0], [[i + 1, 1, 1, 1]])
+        assert success_count(server, "add_sub") == 2 * CONNECTIONS
+        new_pids = [int(restarted.group(2)), pids[1], int(grpc_restarted.group(2)), grpc_pids[1]]
         assert server.stop() == 0
         for pid in new_pids:  # a clean stop leaves no worker behind
             assert not _alive(pid)
     assert not any("Traceback" in line for line in server.output), "".join(server.output)
+
+
+def test_flag_refuses_the_naiad_grpc_server_with_workers(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError) as info:
+        start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), "--grpc-server-impl", "naiad",
+                     timeout=60)
+    assert "--grpc-server-impl naiad cannot serve gRPC from --frontend-processes" in str(info.value)
 
 
 def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
@@ -238,3 +265,161 @@ def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError) as info:
             start_server(_repository(tmp_path / bad), "--frontend-processes", bad, timeout=60)
         assert "--frontend-processes" in str(info.value)
+
+
+# ---------------------------------------------------------------- gRPC (grpcio in every worker)
+
+
+def grpc_inputs(a: list[int], b: list[int]) -> list[grpcclient.InferInput]:
+    inputs = [grpcclient.InferInput(f"INPUT{i}", [1, len(a)], "INT32") for i in (0, 1)]
+    inputs[0].set_data_from_numpy(np.array([a], np.int32))
+    inputs[1].set_data_from_numpy(np.array([b], np.int32))
+    return inputs
+
+
+def grpc_add_sub(server: RunningServer, a: list[int], b: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """add_sub on a client (a connection) of its own, so successive calls land on different workers."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        result = client.infer("add_sub", grpc_inputs(a, b), request_id="g")
+        assert result.get_response().id == "g"
+        return result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+
+
+def grpc_error(call, *args, **kwargs) -> tuple[str, str]:
+    with pytest.raises(InferenceServerException) as info:
+        call(*args, **kwargs)
+    return info.value.status(), info.value.message()
+
+
+def test_grpc_infer_metadata_and_statistics_count_every_request(server: RunningServer) -> None:
+    assert len(worker_pids(server, _GRPC_PIDS)) == WORKERS  # gRPC is served by the workers
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        before = client.get_inference_statistics("add_sub").model_stats[0].inference_stats.success.count
+        metadata = client.get_model_metadata("add_sub")
+        assert metadata.name == "add_sub" and metadata.inputs[0].shape == [-1, 4]
+        assert client.get_model_config("add_sub").config.name == "add_sub"
+        assert client.is_server_ready() and client.is_model_ready("add_sub")
+    for i in range(CONNECTIONS):
+        total, difference = grpc_add_sub(server, [i, 2, 3, 4], [1, 1, 1, 1])
+        np.testing.assert_array_equal(total, [[i + 1, 3, 4, 5]])
+        np.testing.assert_array_equal(difference, [[i - 1, 1, 2, 3]])
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        stats = client.get_inference_statistics("add_sub").model_stats[0].inference_stats
+    assert stats.success.count == before + CONNECTIONS
+    assert success_count(server, "add_sub") == before + CONNECTIONS  # the same count over HTTP
+
+
+def test_grpc_errors_are_the_single_servers(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        # an unknown model is NOT_FOUND whatever its tensors (decoded in the worker or not)
+        assert grpc_error(client.infer, "nope", grpc_inputs([1, 2, 3, 4], [1, 2, 3, 4])) == (
+            "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found")
+        assert grpc_error(client.get_model_metadata, "nope")[0] == "StatusCode.NOT_FOUND"
+        status, message = grpc_error(client.infer, "add_sub", grpc_inputs([1, 2, 3], [1, 2, 3]))
+        assert status == "StatusCode.INVALID_ARGUMENT" and "shape" in message.lower()
+        assert grpc_error(client.infer, "counter", [_count(2)]) == (
+            "StatusCode.UNIMPLEMENTED", "ModelInfer RPC doesn't support models with decoupled transaction policy")
+        assert grpc_error(client.load_model, "../escape")[0] == "StatusCode.INVALID_ARGUMENT"  # the guard, in the worker
+        assert not client.is_model_ready("nope")
+    np.testing.assert_array_equal(grpc_add_sub(server, [1, 2, 3, 4], [0, 0, 0, 0])[0], [[1, 2, 3, 4]])  # still serving
+
+
+def test_grpc_model_loaded_through_one_worker_is_ready_through_all(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.load_model("identity_fp32")
+    for _ in range(CONNECTIONS):
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert client.is_model_ready("identity_fp32")
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([[1.5, 2.5]], np.float32))
+        np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), [[1.5, 2.5]])
+        client.unload_model("identity_fp32")
+    for _ in range(CONNECTIONS):
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            assert not client.is_model_ready("identity_fp32")
+    assert call(server, "GET", "/v2/models/identity_fp32/ready")[0] == 400  # and over HTTP
+
+
+def test_grpc_system_shared_memory_registered_once_serves_every_worker(server: RunningServer) -> None:
+    key = f"/naiad_grpc_workers_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    region = shm.create_shared_memory_region("gio", key, 64)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.register_system_shared_memory("gio", key, 64)
+        for i in range(4):
+            a = np.array([[i, 2, 3, 4]], np.int32)
+            b = np.array([[10, 20, 30, 40]], np.int32)
+            shm.set_shared_memory_region(region, [a, b])
+            with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a fresh connection each time
+                inputs = [grpcclient.InferInput(f"INPUT{j}", [1, 4], "INT32") for j in (0, 1)]
+                inputs[0].set_shared_memory("gio", 16)
+                inputs[1].set_shared_memory("gio", 16, offset=16)
+                output = grpcclient.InferRequestedOutput("OUTPUT0")
+                output.set_shared_memory("gio", 16, offset=32)
+                client.infer("add_sub", inputs, outputs=[output])
+                np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [1, 4], offset=32), a + b)
+                assert list(client.get_system_shared_memory_status().regions) == ["gio"]
+        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+            client.unregister_system_shared_memory("gio")
+            assert list(client.get_system_shared_memory_status().regions) == []
+        assert json.loads(call(server, "GET", "/v2/systemsharedmemory/status")[1]) == []
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def _count(value: int) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("COUNT", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([value], np.int32))
+    return tensor
+
+
+def test_grpc_stream_on_a_decoupled_model_is_relayed_both_ways(server: RunningServer) -> None:
+    results: queue.Queue = queue.Queue()
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        client.async_stream_infer("counter", [_count(3)], request_id="three", enable_empty_final_response=True)
+        client.async_stream_infer("counter", [_count(-1)], request_id="bad")
+        client.async_stream_infer("counter", [_count(1)], request_id="one")
+        got: dict[str, list] = {"three": [], "one": []}
+        errors = []
+        for _ in range(3 + 1 + 1 + 1):
+            result, error = results.get(timeout=60)
+            if error is not None:
+                errors.append(error.message())
+                continue
+            response = result.get_response()
+            value = int(result.as_numpy("VALUE")[0]) if response.outputs else None
+            got[response.id].append((value, response.parameters["triton_final_response"].bool_param))
+        client.stop_stream()
+    assert got["three"] == [(0, False), (1, False), (2, False), (None, True)]
+    assert got["one"] == [(0, False)]
+    assert errors == ["count must not be negative, got -1"]
+
+
+def test_grpc_client_gone_cancels_its_request_in_the_core(server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        status, _ = grpc_error(client.infer, "queued_grpc", grpc_inputs([1, 2, 3, 4], [1, 1, 1, 1]), client_timeout=2.0)
+    assert status == "StatusCode.DEADLINE_EXCEEDED"
+    wait_until(lambda: metric(server, "nv_inference_request_failure", "queued_grpc", "CANCELED") == 1,
+               "the cancelled request to be counted", timeout=30)
+    assert metric(server, "nv_inference_pending_request_count", "queued_grpc") == 0
+    assert metric(server, "nv_inference_request_success", "queued_grpc") == 0
+
+
+def test_grpc_stream_messages_sent_at_once_are_all_answered(server: RunningServer) -> None:
+    """The request messages of a stream reach the core in the same read as its start: none is lost."""
+    def request(request_id: str, value: int) -> pb.ModelInferRequest:
+        message = pb.ModelInferRequest(model_name="add_sub", id=request_id,
+                                       raw_input_contents=[np.full(4, value, "<i4").tobytes()] * 2)
+        for name in ("INPUT0", "INPUT1"):
+            message.inputs.add(name=name, datatype="INT32", shape=[1, 4])
+        return message
+
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        calls = [stub.ModelStreamInfer(iter([request(f"s{n}-{i}", i) for i in range(5)])) for n in range(4)]
+        for n, stream in enumerate(calls):
+            responses = list(stream)
+            assert [r.infer_response.id for r in responses] == [f"s{n}-{i}" for i in range(5)]
+            assert not any(r.error_message for r in responses)

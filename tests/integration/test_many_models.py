@@ -61,6 +61,23 @@ def test_unloading_returns_rss_to_within_5_percent(tmp_path):
         assert after <= before * 1.05, (before, loaded, after)
 
 
+def test_a_model_loaded_at_start_up_still_frees_its_memory_on_unload(tmp_path):
+    """The heap alive at the end of start-up is frozen out of garbage collection (runtime/memory.py):
+    a model loaded then must still give its memory back when it is unloaded."""
+    _big_model(tmp_path, "big")
+    with start_server(tmp_path, "--model-control-mode=explicit", "--load-model=big") as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        x = httpclient.InferInput("X", [1, 2048], "FP32")
+        x.set_data_from_numpy(np.ones((1, 2048), np.float32))
+        client.infer("big", [x])
+        loaded = _rss(server.process.pid)
+        client.unload_model("big")
+        wait_until(lambda: client.get_model_repository_index()[0].get("state") == "UNAVAILABLE", "big to be unloaded",
+                   timeout=10, interval=0.05)
+        after = _rss(server.process.pid)
+        assert loaded - after > 25e6, (loaded, after)  # most of the 32 MB weight is released
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_round_robin_over_many_models_under_a_budget(tmp_path, protocol):
     count = 40

@@ -125,6 +125,14 @@ def test_unknown_routes_are_400(sagemaker):
         assert _request(sagemaker.sagemaker_port, method, path)[0] == 400, path
 
 
+def test_routes_match_whole_path_segments(sagemaker):
+    """/models routes are /models, /models/<name> and /models/<name>/invoke, nothing that only starts so."""
+    for method, path in (("GET", "/modelsx"), ("POST", "/modelsx/invoke"), ("DELETE", "/models"), ("GET", "/models/x/invoke")):
+        status, _, body = _request(sagemaker.sagemaker_port, method, path)
+        assert status == 400 and f"unknown SageMaker route: {method} {path}".encode() in body, path
+    assert _request(sagemaker.sagemaker_port, "GET", "/ping")[0] == 200
+
+
 def test_multi_model_endpoint_lifecycle(sagemaker, archives):
     port = sagemaker.sagemaker_port
     status, doc = _json(port, "GET", "/models")

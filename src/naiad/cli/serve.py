@@ -36,7 +36,7 @@ from naiad.observability.log_settings import (
     SettingsFilter,
     TritonFormatter,
 )
-from naiad.runtime.memory import keep_freed_buffers
+from naiad.runtime.memory import freeze_startup_heap, keep_freed_buffers
 
 log = logging.getLogger("naiad")
 T = TypeVar("T")
@@ -68,6 +68,10 @@ def _frontend_class(key: str, config: ServerConfig) -> type:
         from naiad.frontends.workers.pool import WorkerHttpFrontend
 
         return WorkerHttpFrontend
+    if key == "grpc_port" and config.frontend_processes > 1:
+        from naiad.frontends.workers.pool import WorkerGrpcFrontend
+
+        return WorkerGrpcFrontend
     return {"http_port": HttpFrontend, "grpc_port": GrpcFrontend, "metrics_port": MetricsFrontend,
             "sagemaker_port": SageMakerFrontend, "vertex_ai_port": VertexFrontend, "openai_port": OpenAIFrontend}[key]
 
@@ -192,6 +196,7 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
             log.error("%s", exc)
             await signals.unless_forced(server.shutdown(timeout=0))
             return 1
+        freeze_startup_heap()
         print("NAIAD_READY " + json.dumps(ports), flush=True)
         await signals.stop.wait()
     await signals.unless_forced(_shutdown(server, frontends))

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.config.inline_settings import InlineSettingError, inline_settings
 from naiad.config.model_config import ConfigError
 from naiad.protocol.tensor_codec import element_count
 
@@ -97,3 +98,7 @@ def validate_config(config: mc.ModelConfig, source: str, text: str = "") -> None
     for group in config.instance_group:
         if group.count < 0:
             report.fail("instance_group.count", f"must be >= 1, got {group.count}", "count")
+    try:
+        inline_settings(config)
+    except InlineSettingError as exc:
+        report.fail("parameters", str(exc), f'"{exc.key}"')

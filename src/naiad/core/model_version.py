@@ -11,6 +11,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from naiad.backends.base import ChatTemplate, ServerServices
+from naiad.config.inline_settings import inline_settings
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import (
@@ -22,6 +23,7 @@ from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
 from naiad.scheduling.ensemble import EnsembleScheduler
+from naiad.scheduling.execution_policy import InlinePolicy
 from naiad.scheduling.rate_limiter import InstanceLimits, RateLimiter
 from naiad.scheduling.sequence_batcher import SequenceBatcher
 
@@ -114,11 +116,12 @@ class ModelVersion:
             if services is None:
                 raise ValueError(f"ensemble '{self.name}' needs a server to run its steps")
             return EnsembleScheduler(self.config, services, self.stats)
+        inline = InlinePolicy(inline_settings(self.config), self.name)  # checked when the config was read
         if scheduler_kind(self.config) == "sequence_batching":
-            return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir)
+            return SequenceBatcher(self.pool, self.stats, self.config, self._model_dir, inline)
         if scheduler_kind(self.config) == "dynamic_batching":
-            return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching)
-        return DirectScheduler(self.pool, self.stats, batching=self.max_batch_size > 0)
+            return DynamicBatcher(self.pool, self.stats, self.max_batch_size, self.config.dynamic_batching, inline=inline)
+        return DirectScheduler(self.pool, self.stats, self.max_batch_size > 0, inline)
 
     async def close(self) -> None:
         """Stop the scheduler (waits for running batches) and release the instances."""

@@ -52,8 +52,8 @@ if TYPE_CHECKING:
 
 BINARY_MIME = "application/vnd.sagemaker-triton.binary+json;json-header-size="
 TARGET_MODEL_HEADER = "x-amzn-sagemaker-target-model"
-Route = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
-_MODELS_PATH = re.compile(r"/models(?:/)?([^/]+)?(/invoke)?")
+# A route's handler gets the match of its path pattern (the model name of /models/<name>...).
+Handler = Callable[[dict[str, Any], Receive, Send, re.Match[str]], Awaitable[None]]
 KEEP_FILE = ".naiad-keep"
 _FORBIDDEN_ROOTS = ("/dev/", "/proc/", "/sys/")
 _OUT_OF_MEMORY = (
@@ -154,22 +154,29 @@ class SageMakerApp:
         self.infer.forward_headers = self.generate.forward_headers = header_forwarder(config.http_header_forward_pattern)
         self.archives: dict[str, LoadedArchive] = {}
         self._archive_lock = asyncio.Lock()
-        # The route table: exact paths, then /models[/<name>[/invoke]] (_MODELS_PATH); anything else is a 400.
-        self.routes: dict[str, Route] = {"/ping": self._ping, "/invocations": self._invocations}
+        # The route table, as the module docstring lists it: (method, or None for any: the handler
+        # answers another one 405; the whole path; handler). The first match answers; no match is a 400.
+        self.routes: tuple[tuple[str | None, re.Pattern[str], Handler], ...] = (
+            (None, re.compile(r"/invocations"), self._invocations),
+            (None, re.compile(r"/ping"), self._ping),
+            ("GET", re.compile(r"/models/?"), self._list),
+            ("POST", re.compile(r"/models/?"), self._load_archive),
+            ("GET", re.compile(r"/models/([^/]+)"), self._describe),
+            ("DELETE", re.compile(r"/models/([^/]+)"), self._unload_archive),
+            ("POST", re.compile(r"/models/([^/]+)/invoke"), self._invoke),
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path, method = scope["path"], scope["method"]
         try:
-            route = self.routes.get(path)
-            if route is not None:
-                await route(scope, receive, send)
-                return
-            match = _MODELS_PATH.fullmatch(path)
-            if match is not None:
-                await self._models(scope, receive, send, method, match.group(1) or "", bool(match.group(2)))
-                return
+            for allowed, pattern, handler in self.routes:
+                if allowed is None or allowed == method:
+                    match = pattern.fullmatch(path)
+                    if match is not None:
+                        await handler(scope, receive, send, match)
+                        return
             await error(send, 400, f"unknown SageMaker route: {method} {path}", scope)
         except ClientDisconnected:
             return
@@ -179,7 +186,7 @@ class SageMakerApp:
                 status = 507
             await error(send, status, message, scope)
 
-    async def _ping(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def _ping(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
         if await self.guard.refuse(scope, send, "health"):
             return
         if scope["method"] != "GET":
@@ -200,7 +207,7 @@ class SageMakerApp:
             )
         return names[0]
 
-    async def _invocations(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+    async def _invocations(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
         if await self.guard.refuse(scope, send, "inference"):
             return
         if scope["method"] != "POST":
@@ -213,29 +220,37 @@ class SageMakerApp:
         else:
             await self.generate.handle(scope, receive, send, model, "", kind == "generate_stream")
 
-    async def _models(self, scope: dict[str, Any], receive: Receive, send: Send, method: str, name: str, invoke: bool) -> None:
-        if name:
-            check_model_name(name)
-        if method == "POST" and invoke:
-            if await self.guard.refuse(scope, send, "inference"):
-                return
-            archive = self.archives.get(name)
-            if archive is None:
-                await error(send, 404, f"model '{name}' is not loaded", scope)
-                return
-            target = header_value(scope, TARGET_MODEL_HEADER) or archive.target
-            await self.infer.handle(scope, receive, send, target, "")
+    async def _invoke(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
+        name = match[1]
+        check_model_name(name)
+        if await self.guard.refuse(scope, send, "inference"):
             return
-        if await self.guard.refuse(scope, send, "model-repository"):
+        archive = self.archives.get(name)
+        if archive is None:
+            await error(send, 404, f"model '{name}' is not loaded", scope)
             return
-        if method == "GET" and not invoke:
+        target = header_value(scope, TARGET_MODEL_HEADER) or archive.target
+        await self.infer.handle(scope, receive, send, target, "")
+
+    async def _list(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
+        if not await self.guard.refuse(scope, send, "model-repository"):
+            await reply(send, self._get(""), scope)
+
+    async def _describe(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
+        name = match[1]
+        check_model_name(name)
+        if not await self.guard.refuse(scope, send, "model-repository"):
             await reply(send, self._get(name), scope)
-        elif method == "POST" and not name:
+
+    async def _load_archive(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
+        if not await self.guard.refuse(scope, send, "model-repository"):
             await reply(send, await self._load(scope, receive), scope)
-        elif method == "DELETE" and name and not invoke:
+
+    async def _unload_archive(self, scope: dict[str, Any], receive: Receive, send: Send, match: re.Match[str]) -> None:
+        name = match[1]
+        check_model_name(name)
+        if not await self.guard.refuse(scope, send, "model-repository"):
             await reply(send, await self._unload(name), scope)
-        else:
-            await error(send, 400, f"unknown SageMaker route: {method} {scope['path']}", scope)
 
     def _get(self, name: str) -> Reply:
         if not name:

@@ -50,3 +50,21 @@ def bind_shared_sockets(host: str, port: int, count: int) -> list[socket.socket]
             sock.close()
         raise
     return sockets
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A bound, not listening, SO_REUSEPORT socket holding host:port (port 0 = a free port) for the
+    frontend worker processes that bind it too (grpcio with `grpc.so_reuseport`); it accepts nothing."""
+    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, socktype, proto, _, address = infos[0]
+    sock = socket.socket(family, socktype, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6 and host in ("::", ""):
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+    except BaseException:
+        sock.close()
+        raise
+    return sock

@@ -15,41 +15,33 @@ import numpy as np
 from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, RequestModelInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
-# Executions shorter than this run inline on the event loop: a thread hand-off costs more
-# (~50-150 us) than the work itself, and blocking the loop for this long is harmless.
-INLINE_THRESHOLD_NS = 100_000
-
 
 class ThreadInstance:
     """A ModelInstance plus the single thread it executes on (one batch at a time): the thread adapter
     of the Instance protocol (naiad.backends.base.Instance).
 
-    Keeps a moving average of execution time; models whose executions are tiny run inline.
+    The scheduler chooses, per execution, between this thread (`execute()`) and the caller's
+    thread (`execute_inline()`): see `InlinePolicy` in naiad/scheduling/execution_policy.py.
     """
 
     tracks_unfinished = True
     in_worker_process = False
     pid = 0
 
-    def __init__(self, instance: ModelInstance, inline_threshold_ns: int = INLINE_THRESHOLD_NS) -> None:
+    def __init__(self, instance: ModelInstance) -> None:
         self.instance = instance
         self.name = instance.name
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"naiad-{instance.name}")
-        self._threshold = inline_threshold_ns
-        self._average_ns = float(inline_threshold_ns * 10)  # start on the thread until measured
         self._unfinished: concurrent.futures.Future[dict[str, np.ndarray]] | None = None
+        # CPU time of the thread in the last execute() (read once it returned).
+        self.last_thread_ns = 0
 
-    @property
-    def inline(self) -> bool:
-        return self._average_ns < self._threshold
+    def execute_inline(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
+        """Run batch on the caller's thread: the event loop waits for it."""
+        return self.instance.execute(batch)
 
     async def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
-        if self.inline:
-            start = time.perf_counter_ns()
-            try:
-                return self.instance.execute(batch)
-            finally:
-                self._observe(time.perf_counter_ns() - start)
+        """Run batch on the instance's thread."""
         running = self._executor.submit(self._timed, batch)
         try:
             return await asyncio.wrap_future(running)
@@ -67,16 +59,12 @@ class ThreadInstance:
     def _timed(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
         # CPU time of this thread, not wall time: after the framework returns, the thread may wait
         # up to the GIL switch interval (5 ms) for the event loop, and counting that wait kept small
-        # models (a 33 us MLP) on the thread forever. A model whose work runs on other threads
-        # looks cheap here, runs inline once, and its wall time measured there sends it back.
+        # models (a 33 us MLP) off the loop forever.
         start = time.thread_time_ns()
         try:
             return self.instance.execute(batch)
         finally:
-            self._observe(time.thread_time_ns() - start)
-
-    def _observe(self, ns: int) -> None:
-        self._average_ns += (ns - self._average_ns) * 0.2
+            self.last_thread_ns = time.thread_time_ns() - start
 
     def queued(self) -> int:
         return 0

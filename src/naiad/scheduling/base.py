@@ -23,6 +23,7 @@ from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+from naiad.scheduling.execution_policy import InlinePolicy
 
 # (input name, dtype, non-batch shape) of every input, sorted by name.
 BatchSignature = tuple[tuple[str, str, tuple[int, ...]], ...]
@@ -108,7 +109,8 @@ def can_join(first: WorkItem, other: WorkItem) -> bool:
     return _batch_signature(first) == _batch_signature(other)
 
 
-async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
+async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+                    inline: InlinePolicy) -> None:
     """Execute items on an instance acquired from pool; the pool gets it back when the execution has ended.
 
     Cancelling the caller (its request was cancelled: gRPC cancel or deadline, HTTP client gone) does
@@ -120,11 +122,11 @@ async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem
     of the pool's, shielded from the caller (an extra task and two loop hops per execution).
     """
     if not instance.tracks_unfinished:
-        await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats)))
+        await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats, inline)))
         return
     start = time.perf_counter_ns()
     try:
-        await execute_batch(instance, items, batching, stats)
+        await execute_batch(instance, items, batching, stats, inline)
     except asyncio.CancelledError:
         unfinished = instance.take_unfinished()
 
@@ -140,10 +142,14 @@ async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem
     pool.release(instance)
 
 
-async def execute_batch(instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
-    """Run items as one execution; every item gets its response(s) or the execution's error."""
+async def execute_batch(instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+                        inline: InlinePolicy) -> None:
+    """Run items as one execution; every item gets its response(s) or the execution's error.
+
+    A tensor instance's execution runs on its thread or, when `inline` says so, on the event loop.
+    """
     if isinstance(instance, ThreadInstance):
-        await _execute_tensor_batch(instance, items, batching, stats)
+        await _execute_tensor_batch(instance, items, batching, stats, inline)
     else:
         await _execute_requests(instance, items, batching, stats)
 
@@ -199,7 +205,8 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
         count(outcome or (start, end))
 
 
-async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics) -> None:
+async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+                                inline: InlinePolicy) -> None:
     start = time.perf_counter_ns()
     for item in items:
         item.dispatch_ns = start
@@ -212,7 +219,12 @@ async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem],
             names = list(dict.fromkeys(n for it in items for n in it.output_names))
         total = sum(it.batch_size for it in items)
         input_done = time.perf_counter_ns()
-        outputs = await instance.execute(ExecutionBatch(inputs, names, total))
+        batch = ExecutionBatch(inputs, names, total)
+        if inline.inline():
+            outputs = inline.run_inline(instance.execute_inline, batch)
+        else:
+            outputs = await instance.execute(batch)
+            inline.observe_thread(instance.last_thread_ns)
         infer_done = time.perf_counter_ns()
         missing = [n for n in names if n not in outputs]
         if missing:

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from naiad.backends.base import BackendResponse
 from naiad.observability.statistics import ModelStatistics
-from naiad.runtime.thread_instance import InstancePool
+from naiad.runtime.thread_instance import InstancePool, PoolInstance
 from naiad.scheduling.base import WorkItem, run_batch
+from naiad.scheduling.execution_policy import InlinePolicy
 
 
 class DirectScheduler:
-    """No batching across requests; as many requests run at once as there are instances."""
+    """No batching across requests; as many requests run at once as there are instances.
 
-    def __init__(self, pool: InstancePool, stats: ModelStatistics, batching: bool) -> None:
+    Also the dynamic batcher's path for a request that runs at once (the zero-delay policy of
+    naiad/scheduling/execution_policy.py): `run_on()`.
+    """
+
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, batching: bool, inline: InlinePolicy | None = None) -> None:
         self._pool = pool
         self._stats = stats
         self._batching = batching
+        self._inline = inline or InlinePolicy()
         self._inflight = 0
         self._waiting = 0
         self._rescheduled: set[asyncio.Task[None]] = set()
@@ -25,11 +32,19 @@ class DirectScheduler:
             inst.queued for inst in pool.instances
         ]
 
-    async def enqueue(self, item: WorkItem) -> BackendResponse:
-        self._inflight += 1
+    def enqueue(self, item: WorkItem) -> Coroutine[Any, Any, BackendResponse]:
         item.reschedule = self._reschedule
+        return self.run_on(None, item)  # its coroutine, awaited by the caller: no extra frame per request
+
+    async def run_on(self, instance: PoolInstance | None, item: WorkItem) -> BackendResponse:
+        """Run item alone in the caller's task, on `instance` (acquired from the pool) or on the next
+        idle one, and wait for its response."""
+        self._inflight += 1
         try:
-            await self._run(item)
+            if instance is None:
+                await self._run(item)
+            else:
+                await run_batch(self._pool, instance, [item], self._batching, self._stats, self._inline)
             return await item.future
         except asyncio.CancelledError:
             item.abandon()
@@ -43,7 +58,7 @@ class DirectScheduler:
             instance = await self._pool.acquire()
         finally:
             self._waiting -= 1
-        await run_batch(self._pool, instance, [item], self._batching, self._stats)
+        await run_batch(self._pool, instance, [item], self._batching, self._stats, self._inline)
 
     def _reschedule(self, item: WorkItem) -> None:
         """The backend released the request with RESCHEDULE: it runs again on the next free instance.

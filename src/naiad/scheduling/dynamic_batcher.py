@@ -14,7 +14,9 @@ from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import unavailable
 from naiad.runtime.precise_timer import PreciseTimer
 from naiad.runtime.thread_instance import InstancePool
-from naiad.scheduling.base import WorkItem, can_join, execute_batch, run_batch
+from naiad.scheduling.base import WorkItem, can_join, execute_batch
+from naiad.scheduling.direct import DirectScheduler
+from naiad.scheduling.execution_policy import InlinePolicy, runs_at_once
 from naiad.scheduling.queue_policy import QUEUE_FULL_MESSAGE, TIMEOUT_MESSAGE, PriorityLevel, build_levels, level_index
 
 
@@ -23,7 +25,7 @@ class DynamicBatcher:
 
     def __init__(
         self, pool: InstancePool, stats: ModelStatistics, max_batch_size: int, batching: mc.ModelDynamicBatching,
-        timer: PreciseTimer | None = None,
+        timer: PreciseTimer | None = None, inline: InlinePolicy | None = None,
     ) -> None:
         self._pool = pool
         self._stats = stats
@@ -34,6 +36,11 @@ class DynamicBatcher:
         self._max_preferred = max(self._preferred)
         self._delay_ns = batching.max_queue_delay_microseconds * 1000
         self._preserve_ordering = batching.preserve_ordering
+        self._inline = inline or InlinePolicy()
+        # The zero-delay policy (execution_policy.py): a request that finds nothing queued and an
+        # instance idle runs at once, the way the default scheduler runs every request.
+        self._at_once = runs_at_once(batching)
+        self._direct = DirectScheduler(pool, stats, self._batching, self._inline)
         self._levels, self._default_level = build_levels(batching)
         self._arrived = asyncio.Event()
         self._running: set[asyncio.Task[None]] = set()
@@ -54,21 +61,11 @@ class DynamicBatcher:
         if policy.max_queue_size and level.size() >= policy.max_queue_size:
             raise unavailable(QUEUE_FULL_MESSAGE)
         timeout_us = policy.timeout_us(request.timeout_us if request else 0)
-        if self._delay_ns == 0 and not self._preserve_ordering and self.pending() == 0:
+        if self._at_once and self.pending() == 0:
             instance = self._pool.try_acquire()
             if instance is not None:
                 self._close("idle_instance")
-                # Nothing queued and an instance idle: run now, without a hop through the batching loop.
-                self._inflight += 1
-                try:
-                    await run_batch(self._pool, instance, [item], self._batching, self._stats)
-                    response: BackendResponse = await item.future
-                    return response
-                except asyncio.CancelledError:
-                    item.abandon()
-                    raise
-                finally:
-                    self._inflight -= 1
+                return await self._direct.run_on(instance, item)
         timer = None
         if timeout_us:
             timer = self._timer.call_later_ns(timeout_us * 1000, self._expire, item, level)
@@ -122,7 +119,7 @@ class DynamicBatcher:
         self._stats.record_batch_closed(reason)
 
     def inflight(self) -> int:
-        return self._inflight
+        return self._inflight + self._direct.inflight()
 
     def pending(self) -> int:
         total = 0  # a plain loop: enqueue asks this for every request
@@ -235,7 +232,7 @@ class DynamicBatcher:
                 self._pool.release(instance)
                 raise
             self._take(items)
-            task = self._pool.run(instance, execute_batch(instance, items, self._batching, self._stats))
+            task = self._pool.run(instance, execute_batch(instance, items, self._batching, self._stats, self._inline))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
 

@@ -23,6 +23,7 @@ from naiad.runtime.precise_timer import PreciseTimer
 from naiad.runtime.removable_queue import RemovableQueue
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, run_batch
+from naiad.scheduling.execution_policy import InlinePolicy
 
 _Kind = mc.ModelSequenceBatching.Control
 
@@ -99,10 +100,12 @@ def _states(config: mc.ModelSequenceBatching, model_dir: Path) -> list[_State]:
 class SequenceBatcher:
     """Direct and oldest strategies share one engine: sequences pinned to instances, one request per sequence per batch."""
 
-    def __init__(self, pool: InstancePool, stats: ModelStatistics, config: mc.ModelConfig, model_dir: Path) -> None:
+    def __init__(self, pool: InstancePool, stats: ModelStatistics, config: mc.ModelConfig, model_dir: Path,
+                 inline: InlinePolicy | None = None) -> None:
         sequence = config.sequence_batching
         self._pool = pool
         self._stats = stats
+        self._inline = inline or InlinePolicy()
         self._name = config.name
         self._batching = config.max_batch_size > 0
         self._direct = sequence.WhichOneof("strategy_choice") != "oldest"
@@ -305,7 +308,7 @@ class SequenceBatcher:
                 batch = self._pad_slots(index, items)
             # The sequences of this batch live on this instance (their state may be inside it): only it runs them.
             instance = await self._pool.acquire(self._instances[index])
-            await run_batch(self._pool, instance, batch, self._batching, self._stats)
+            await run_batch(self._pool, instance, batch, self._batching, self._stats, self._inline)
             for sequence, item in items:
                 if item.future.done() or self._iterative:  # answered, or rescheduled by the backend
                     self._after(sequence, item)

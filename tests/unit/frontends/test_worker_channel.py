@@ -7,10 +7,12 @@ import pickle
 import socket
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
+from naiad.config.server_config import ServerConfig
 from naiad.frontends.sockets import bind_shared_sockets
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
@@ -20,6 +22,7 @@ from naiad.frontends.workers.codec import (
     response_from_wire,
     response_to_wire,
 )
+from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
 from naiad.protocol.types import (
     InferenceRequest,
@@ -116,6 +119,41 @@ def test_a_worker_process_loads_no_model_machinery() -> None:
     assert loaded.stdout.strip() == "[]"
 
 
+def test_a_worker_freezes_its_start_up_heap_before_it_reports_ready() -> None:
+    """As the core does: a full collection walking the worker's start-up objects paused its event loop
+    for tens of milliseconds under load. The probe reports gc.get_freeze_count() when READY is sent."""
+    probe = ("import gc, sys\n"
+             "from naiad.frontends.workers import channel, wire, worker_main\n"
+             "send = channel.Channel.send\n"
+             "def reporting(self, message):\n"
+             "    if message[0] == wire.READY:\n"
+             "        print('frozen', gc.get_freeze_count(), flush=True)\n"
+             "    send(self, message)\n"
+             "channel.Channel.send = reporting\n"
+             "worker_main.main(sys.argv[1:])\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    listen = socket.socket()
+    listen.bind(("127.0.0.1", 0))
+    listen.listen()
+    process = None
+    try:
+        ours.sendall(encode_frame(ServerConfig(http_address="127.0.0.1", http_port=listen.getsockname()[1])))
+        process = subprocess.Popen([sys.executable, "-c", probe, str(theirs.fileno()), str(listen.fileno()), "0"],
+                                   pass_fds=(theirs.fileno(), listen.fileno()), stdout=subprocess.PIPE, text=True)
+        theirs.close()
+        ours.settimeout(60)
+        assert read_frame(ours)[0] == wire.READY
+        assert process.stdout is not None
+        line = process.stdout.readline().split()
+        assert line[0] == "frozen" and int(line[1]) > 1000, line
+    finally:
+        if process is not None:
+            process.terminate()
+            process.wait(30)
+        ours.close()
+        listen.close()
+
+
 class _Sent:
     """Stands in for the core's end of a channel: keeps what the dispatcher sends, as the worker would read it."""
 
@@ -152,3 +190,50 @@ def test_a_relayed_request_streams_the_core_apps_messages_then_done() -> None:
     assert [m[0] for m in answered] == [wire.ASGI, wire.ASGI, wire.DONE]
     assert answered[1][2]["body"] == b"out"  # a memoryview body is sent as bytes
     assert failed == [(wire.DONE, 7)]  # the worker answers 503 when the core's app sent nothing
+
+
+class _OpenChannel(_Sent):
+    is_open = True
+
+
+def test_a_relayed_grpc_stream_sends_at_most_the_window_ahead_of_the_core() -> None:
+    async def scenario() -> tuple[int, int, list[bytes], list[str]]:
+        core = CoreClient()
+        channel = _OpenChannel()
+        core.channel = channel  # type: ignore[assignment]
+
+        async def flood() -> AsyncIterator[bytes]:
+            for i in range(wire.STREAM_WINDOW + 10):
+                yield b"m%d" % i
+
+        responses: list[bytes] = []
+
+        async def consume() -> None:
+            async for response in core.grpc_call("/inference.GRPCInferenceService/ModelStreamInfer", (),
+                                                 requests=flood()):
+                responses.append(response)
+
+        call = asyncio.ensure_future(consume())
+
+        def sent() -> int:
+            return sum(1 for m in channel.messages if m[0] == wire.GRPC_MESSAGE)
+
+        for _ in range(20):
+            await asyncio.sleep(0)
+        held = sent()
+        request_id = channel.messages[0][1]
+        for _ in range(4):
+            core.on_message((wire.GRPC_TAKEN, request_id))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        after_reads = sent()
+        core.on_message((wire.GRPC_OUT, request_id, b"r"))
+        core.on_message((wire.GRPC_END, request_id, "OK", ""))
+        await call
+        return held, after_reads, responses, [m[0] for m in channel.messages]
+
+    held, after_reads, responses, kinds = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert held == wire.STREAM_WINDOW  # the core read none: the rest of the client's messages wait
+    assert after_reads == wire.STREAM_WINDOW + 4
+    assert responses == [b"r"]
+    assert kinds[0] == wire.GRPC_CALL and wire.CANCEL not in kinds  # ended by the core: nothing to cancel

@@ -26,6 +26,7 @@ from naiad.runtime.thread_instance import InstancePool, ThreadInstance
 from naiad.scheduling.base import Scheduler, WorkItem
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
+from naiad.scheduling.execution_policy import InlinePolicy, InlineSettings
 from naiad.scheduling.sequence_batcher import SequenceBatcher
 from tests.support.waiting import wait_until_async
 
@@ -100,7 +101,10 @@ class WorkerModel(InProcessRequestInstance):
 
 
 def _thread_instance(executions: Executions) -> ThreadInstance:
-    return ThreadInstance(ThreadModel(executions), inline_threshold_ns=0)  # always on its thread
+    return ThreadInstance(ThreadModel(executions))
+
+
+ON_THREADS = InlinePolicy(InlineSettings(threshold_ns=0))  # a thread instance always executes on its thread
 
 
 def _worker_instance(executions: Executions) -> WorkerModel:
@@ -108,12 +112,12 @@ def _worker_instance(executions: Executions) -> WorkerModel:
 
 
 def _direct(pool: InstancePool, stats: ModelStatistics) -> DirectScheduler:
-    return DirectScheduler(pool, stats, batching=True)
+    return DirectScheduler(pool, stats, batching=True, inline=ON_THREADS)
 
 
 def _dynamic(pool: InstancePool, stats: ModelStatistics) -> DynamicBatcher:
     # No queue delay: a lone request on an idle instance takes the batcher's shortcut.
-    return DynamicBatcher(pool, stats, 8, mc.ModelDynamicBatching())
+    return DynamicBatcher(pool, stats, 8, mc.ModelDynamicBatching(), inline=ON_THREADS)
 
 
 INSTANCES = {"thread": _thread_instance, "worker": _worker_instance}
@@ -213,7 +217,7 @@ def test_sequence_batcher_stopped_mid_execution_releases_the_instance_when_it_en
     async def body() -> None:
         executions = Executions()
         pool = InstancePool([_thread_instance(executions)])
-        batcher = SequenceBatcher(pool, ModelStatistics("m", "1"), config, None)
+        batcher = SequenceBatcher(pool, ModelStatistics("m", "1"), config, None, ON_THREADS)
         item = _item(1)
         item.request.sequence_id, item.request.sequence_start = 7, True
         caller = asyncio.ensure_future(batcher.enqueue(item))

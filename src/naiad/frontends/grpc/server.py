@@ -26,14 +26,15 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_LENGTH = 2**31 - 1  # what Triton accepts and tritonclient sends
 
 
-def server_options(max_concurrent_streams: int = 0, max_receive: int = MAX_MESSAGE_LENGTH) -> list[tuple[str, Any]]:
+def server_options(max_concurrent_streams: int = 0, max_receive: int = MAX_MESSAGE_LENGTH,
+                   reuse_port: bool = False) -> list[tuple[str, Any]]:
     """Channel options: INT32_MAX messages like Triton (received ones up to --grpc-max-message-size), no
-    silent port sharing (SO_REUSEPORT), and the per-connection stream cap (HTTP/2
-    SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
+    silent port sharing (SO_REUSEPORT; frontend worker processes share the port on purpose), and the
+    per-connection stream cap (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
         ("grpc.max_receive_message_length", min(max_receive, MAX_MESSAGE_LENGTH)),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
     ]
     if max_concurrent_streams > 0:
         options.append(("grpc.max_concurrent_streams", max_concurrent_streams))

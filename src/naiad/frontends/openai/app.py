@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -81,15 +82,15 @@ class OpenAIApp:
     def __init__(self, server: ServerAPI) -> None:
         self.server = server
         self.created = int(time.time())
-        # path (trailing slash ignored) -> (the one method allowed, or None for any; handler);
-        # /v1/models/<name> is the one parameterised path, matched by prefix after these.
-        self.routes: dict[str, tuple[str | None, Route]] = {
-            "/v1/models": ("GET", self._models),
-            "/v1/completions": ("POST", self._completions),
-            "/v1/chat/completions": ("POST", self._chat_completions),
-            "/health/ready": (None, self._health),
-            "/v1/health/ready": (None, self._health),
-        }
+        # The route table: (the whole path, trailing slash ignored; the one method allowed, or None
+        # for any; handler). The first match answers; another method on its path is a 405, no match a 404.
+        self.routes: tuple[tuple[re.Pattern[str], str | None, Route], ...] = (
+            (re.compile(r"/v1/chat/completions"), "POST", self._chat_completions),
+            (re.compile(r"/v1/completions"), "POST", self._completions),
+            (re.compile(r"/v1/models"), "GET", self._models),
+            (re.compile(r"/v1/models/(.+)"), "GET", self._model),
+            (re.compile(r"(?:/v1)?/health/ready"), None, self._health),
+        )
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -105,15 +106,13 @@ class OpenAIApp:
 
     async def _dispatch(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         path = scope["path"].rstrip("/")
-        route = self.routes.get(path)
-        if route is None and path.startswith("/v1/models/"):
-            route = ("GET", self._model)
-        if route is None:
-            raise ApiError(404, "Not Found")
-        method, handler = route
-        if method is not None:
-            self._only(scope["method"], method)
-        await handler(scope, receive, send)
+        for pattern, method, handler in self.routes:
+            if pattern.fullmatch(path):
+                if method is not None:
+                    self._only(scope["method"], method)
+                await handler(scope, receive, send)
+                return
+        raise ApiError(404, "Not Found")
 
     async def _models(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         await _send_json(send, 200, orjson.dumps({"object": "list", "data": [self._model_card(m) for m in self._llm_models()]}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from naiad.frontends.workers import wire
@@ -16,6 +16,15 @@ from naiad.protocol.types import InferenceRequest, InferenceResponse
 _END = object()
 
 
+class RelayedStatus(Exception):
+    """How a gRPC call run by the core ended: a grpc.StatusCode name ("OK" or an error) and its details."""
+
+    def __init__(self, code: str, details: str) -> None:
+        super().__init__(code, details)
+        self.code = code
+        self.details = details
+
+
 class CoreClient:
     """Sends requests to the core over `channel` and routes the answers back to their callers."""
 
@@ -24,6 +33,7 @@ class CoreClient:
         self._ids = itertools.count(1)
         self._results: dict[int, asyncio.Future[Any]] = {}
         self._relays: dict[int, asyncio.Queue[Any]] = {}
+        self._windows: dict[int, asyncio.Semaphore] = {}  # streams: request messages the core has yet to read
 
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind, request_id = message[0], message[1]
@@ -35,9 +45,19 @@ class CoreClient:
                 else:
                     future.set_exception(wire.error_from_value(message[2]))
             return
+        if kind == wire.GRPC_TAKEN:
+            window = self._windows.get(request_id)
+            if window is not None:
+                window.release()
+            return
         queue = self._relays.get(request_id)
         if queue is not None:
-            queue.put_nowait(message[2] if kind == wire.ASGI else _END)
+            if kind == wire.ASGI or kind == wire.GRPC_OUT:
+                queue.put_nowait(message[2])
+            elif kind == wire.GRPC_END:
+                queue.put_nowait(RelayedStatus(message[2], message[3]))
+            else:
+                queue.put_nowait(_END)
 
     def core_gone(self) -> None:
         """The core went away: every pending call fails (the worker exits next)."""
@@ -85,3 +105,50 @@ class CoreClient:
             self._relays.pop(request_id, None)
             if not finished:
                 channel.send((wire.CANCEL, request_id))
+
+    async def grpc_call(self, method: str, metadata: Sequence[tuple[str, Any]], request: bytes | None = None,
+                        requests: AsyncIterator[bytes] | None = None) -> AsyncIterator[bytes]:
+        """The serialized responses of a gRPC call the core's servicer runs (one `request`, or a stream of
+        `requests`); raises RelayedStatus when it ends with an error, unavailable() when the core is gone."""
+        channel = self._channel()
+        request_id = next(self._ids)
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._relays[request_id] = queue
+        channel.send((wire.GRPC_CALL, request_id, method, tuple(metadata), request))
+        pump = None
+        if requests is not None:
+            window = self._windows[request_id] = asyncio.Semaphore(wire.STREAM_WINDOW)
+            pump = asyncio.ensure_future(self._pump(channel, request_id, requests, window))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    finished = True
+                    raise unavailable("Server not ready")
+                if isinstance(item, RelayedStatus):
+                    finished = True
+                    if item.code != "OK":
+                        raise item
+                    return
+                yield item
+        finally:
+            if pump is not None:
+                pump.cancel()
+            self._relays.pop(request_id, None)
+            self._windows.pop(request_id, None)
+            if not finished:
+                channel.send((wire.CANCEL, request_id))
+
+    @staticmethod
+    async def _pump(channel: Channel, request_id: int, requests: AsyncIterator[bytes],
+                    window: asyncio.Semaphore) -> None:
+        """The client's request messages to the core, then the half-close; at most the window ahead of
+        what the core has read (then this stops reading the client, and flow control holds it back)."""
+        try:
+            async for request in requests:
+                await window.acquire()
+                channel.send((wire.GRPC_MESSAGE, request_id, request))
+        except Exception:  # the client's side of the stream failed: the call is cancelled with it
+            return
+        channel.send((wire.GRPC_HALF_CLOSE, request_id))

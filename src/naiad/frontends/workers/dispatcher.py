@@ -1,26 +1,28 @@
 """Core side of one worker's channel: runs its requests through the facade as if they came in here.
 
 Decoded infer requests go to the inference interface (`InferenceAPI.infer`); every other HTTP request is run by the core's own
-HTTP application (the one the HTTP port serves without workers), so model control, metadata,
-statistics, shared-memory registration and the rest give the one server's answers by construction.
+HTTP application (the one the HTTP port serves without workers), and every other gRPC call by the core's
+own servicer (grpc_relay.py), so model control, metadata, statistics, shared-memory registration and
+the rest give the one server's answers by construction.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.frontends.workers.codec import request_from_wire, response_to_wire
 from naiad.observability.trace_context import incoming_traceparent
-from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
+from naiad.protocol.errors import NaiadError, internal
 
 if TYPE_CHECKING:
     from naiad.core.facade import InferenceAPI
     from naiad.frontends.http.app import HttpApp
+    from naiad.frontends.workers.grpc_relay import GrpcCalls
 
 log = logging.getLogger("naiad.frontends")
 
@@ -28,9 +30,12 @@ log = logging.getLogger("naiad.frontends")
 class Dispatcher:
     """Answers one worker's messages; `tasks` are its requests in flight (cancelled if the worker dies)."""
 
-    def __init__(self, inference: InferenceAPI, app: HttpApp, on_ready: Any) -> None:
+    def __init__(self, inference: InferenceAPI, app: HttpApp | None, on_ready: Any,
+                 grpc_calls: GrpcCalls | None = None) -> None:
         self.inference = inference
         self.app = app
+        self.grpc_calls = grpc_calls
+        self.streams: dict[int, asyncio.Queue[bytes | None]] = {}  # request messages of streaming gRPC calls
         self.on_ready = on_ready
         self.channel: Channel | None = None
         self.tasks: dict[int, asyncio.Task[None]] = {}
@@ -46,10 +51,37 @@ class Dispatcher:
                 task.cancel()
         elif kind == wire.RELAY:
             self._start(message[1], self._relay(message[1], message[2], message[3]))
+        elif kind == wire.GRPC_MESSAGE or kind == wire.GRPC_HALF_CLOSE:
+            stream = self.streams.get(message[1])
+            if stream is not None:
+                stream.put_nowait(message[2] if kind == wire.GRPC_MESSAGE else None)
+        elif kind == wire.GRPC_CALL:
+            requests: asyncio.Queue[bytes | None] = asyncio.Queue()
+            if message[4] is None:  # a stream: its messages may be in this very read, before the task runs
+                self.streams[message[1]] = requests
+            self._start(message[1], self._grpc_call(message[1], message[2], message[3], message[4], requests))
         elif kind == wire.READY:
             self.on_ready(message[1])
         else:
             log.error("frontend worker sent an unknown message kind %r", kind)
+
+    async def _grpc_call(self, request_id: int, method: str, metadata: tuple[tuple[str, Any], ...],
+                         request: bytes | None, queue: asyncio.Queue[bytes | None]) -> None:
+        async def requests() -> AsyncIterator[bytes]:
+            while (raw := await queue.get()) is not None:
+                self._send((wire.GRPC_TAKEN, request_id))
+                yield raw
+
+        try:
+            if self.grpc_calls is None:
+                code, details = "UNIMPLEMENTED", "gRPC is not served by this process"
+            else:
+                code, details = await self.grpc_calls.run(
+                    method, metadata, request, requests(),
+                    lambda response: self._send((wire.GRPC_OUT, request_id, response)))
+            self._send((wire.GRPC_END, request_id, code, details))
+        finally:
+            self.streams.pop(request_id, None)
 
     def cancel_all(self) -> None:
         for task in self.tasks.values():
@@ -73,8 +105,6 @@ class Dispatcher:
                     response = await self.inference.infer(request)
             else:
                 response = await self.inference.infer(request)
-        except DecoupledModelError:
-            self._send((wire.ERROR, request_id, wire.error_value(unsupported(DECOUPLED_MESSAGE))))
         except NaiadError as exc:
             self._send((wire.ERROR, request_id, wire.error_value(exc)))
         except Exception as exc:  # a bug of ours: the client gets a 500, the server keeps serving
@@ -105,7 +135,8 @@ class Dispatcher:
             self._send((wire.ASGI, request_id, message))
 
         try:
-            await self.app(scope, receive, send)
+            if self.app is not None:
+                await self.app(scope, receive, send)
         except Exception:
             log.exception("error relaying %s %s from a frontend worker", scope.get("method"), scope.get("path"))
         finally:

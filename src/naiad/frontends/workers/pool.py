@@ -1,28 +1,34 @@
-"""The HTTP/REST port served by N frontend worker processes (`--frontend-processes N`, N >= 2).
+"""The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 2).
 
-The core binds N listening sockets on the port (SO_REUSEPORT) and starts one worker per socket, each
-with a channel (a unix socket pair) to a Dispatcher here. A worker that dies is started again on the
-same socket (connections queued there wait for it); stop() asks every worker to drain (SIGTERM),
-bounded by --exit-timeout-secs, then kills what is left.
+HTTP: the core binds N listening sockets on the port (SO_REUSEPORT) and starts one worker per socket.
+gRPC: the core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves
+to one port for all) and each worker's grpcio server binds it too. Each worker has a channel (a unix
+socket pair) to a Dispatcher here. A worker that dies is started again (an HTTP worker on the same
+socket: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
+by --exit-timeout-secs, then kills what is left.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.grpc.server import server_credentials
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.listener import tls_options
-from naiad.frontends.sockets import bind_shared_sockets
+from naiad.frontends.sockets import bind_shared_sockets, reserve_port
 from naiad.frontends.workers.channel import Channel, encode_frame
 from naiad.frontends.workers.dispatcher import Dispatcher
+from naiad.frontends.workers.grpc_relay import GrpcCalls
 
 if TYPE_CHECKING:
     from naiad.core.facade import ServerAPI
@@ -32,16 +38,20 @@ log = logging.getLogger("naiad.frontends")
 START_TIMEOUT_SECS = 120.0  # a worker imports Naiad's frontends before it listens: slow on a loaded machine
 RESTART_BACKOFF_SECS = 1.0  # a worker that dies this soon after starting waits this long before the next try
 KILL_GRACE_SECS = 5.0
+GRPC_IMPL_MESSAGE = ("--frontend-processes N (N >= 2) serves gRPC with grpcio only: "
+                     "use --grpc-server-impl grpcio (the default with them) or --frontend-processes 1")
 
 
 class WorkerProcess:
     """One worker: its process, its channel and the dispatcher answering it."""
 
-    def __init__(self, index: int, listen: socket.socket, server: ServerAPI, app: HttpApp) -> None:
+    def __init__(self, index: int, listen: socket.socket | None, server: ServerAPI, config: ServerConfig,
+                 dispatcher: Callable[[Callable[[int], object]], Dispatcher]) -> None:
         self.index = index
-        self.listen = listen
+        self.listen = listen  # None: a gRPC worker (grpcio binds the reserved port itself)
         self.server = server
-        self.app = app
+        self.config = config
+        self.make_dispatcher = dispatcher
         self.process: asyncio.subprocess.Process | None = None
         self.dispatcher: Dispatcher | None = None
         self.ready: asyncio.Future[int] | None = None
@@ -52,13 +62,14 @@ class WorkerProcess:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self.ready = loop.create_future()
         ready = self.ready
-        dispatcher = Dispatcher(self.server.inference, self.app, lambda pid: ready.done() or ready.set_result(pid))
+        dispatcher = self.make_dispatcher(lambda pid: ready.done() or ready.set_result(pid))
+        fds = (theirs.fileno(),) if self.listen is None else (theirs.fileno(), self.listen.fileno())
         try:
-            ours.sendall(encode_frame(self.server.config))  # read by the worker before its loop starts
+            ours.sendall(encode_frame(self.config))  # read by the worker before its loop starts
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "naiad.frontends.workers.worker_main",
-                str(theirs.fileno()), str(self.listen.fileno()), str(self.index),
-                pass_fds=(theirs.fileno(), self.listen.fileno()))
+                str(theirs.fileno()), str(-1 if self.listen is None else self.listen.fileno()), str(self.index),
+                "http" if self.listen is not None else "grpc", pass_fds=fds)
         finally:
             theirs.close()
         self.started_at = time.monotonic()
@@ -91,29 +102,38 @@ class WorkerProcess:
                 self.process.send_signal(sig)
 
 
-class WorkerHttpFrontend:
-    """The HTTP/REST endpoint of one server, served by `config.frontend_processes` worker processes."""
+class WorkerPool:
+    """One endpoint of one server, served by `config.frontend_processes` worker processes."""
+
+    label = ""
 
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.server = server
         self.host = host
         self.port = port
         self.config: ServerConfig = server.config
-        config = self.config
-        tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,  # refuse bad TLS settings here, not in N workers
-                    config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
-        self.app = HttpApp(server)  # answers what the workers relay, as the HTTP port would without them
         self.workers: list[WorkerProcess] = []
         self._sockets: list[socket.socket] = []
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
+    def _bind(self) -> tuple[list[socket.socket | None], int]:
+        """The socket each worker serves (None: it binds the port itself) and the bound port."""
+        raise NotImplementedError
+
+    def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
+        raise NotImplementedError
+
+    def _worker_config(self, port: int) -> ServerConfig:
+        return self.config
+
     async def start(self) -> int:
         """Bind, start every worker and wait until each listens; returns the bound port."""
-        self._sockets = bind_shared_sockets(self.host, self.port, self.config.frontend_processes)
-        port = self._sockets[0].getsockname()[1]
+        listens, port = self._bind()
         try:
-            self.workers = [WorkerProcess(i, sock, self.server, self.app) for i, sock in enumerate(self._sockets)]
+            config = self._worker_config(port)
+            self.workers = [WorkerProcess(i, sock, self.server, config, self._dispatcher)
+                            for i, sock in enumerate(listens)]
             for worker in self.workers:
                 await worker.spawn()
             for worker in self.workers:
@@ -122,7 +142,7 @@ class WorkerHttpFrontend:
             await self.stop()
             raise
         self._watchers = [asyncio.get_running_loop().create_task(self._watch(w)) for w in self.workers]
-        log.info("HTTP/REST served by %d frontend worker processes (pids %s)", len(self.workers),
+        log.info("%s served by %d frontend worker processes (pids %s)", self.label, len(self.workers),
                  ", ".join(str(w.process.pid) for w in self.workers if w.process is not None))
         return port
 
@@ -134,8 +154,8 @@ class WorkerHttpFrontend:
             worker.forget()
             if self._stopping:
                 return
-            log.warning("frontend worker %d (pid %d) exited with code %s; starting it again",
-                        worker.index, worker.process.pid, code)
+            log.warning("%s frontend worker %d (pid %d) exited with code %s; starting it again",
+                        self.label, worker.index, worker.process.pid, code)
             if time.monotonic() - worker.started_at < RESTART_BACKOFF_SECS:
                 await asyncio.sleep(RESTART_BACKOFF_SECS)
             try:
@@ -144,7 +164,7 @@ class WorkerHttpFrontend:
             except OSError as exc:
                 log.error("%s", exc)
             else:
-                log.info("frontend worker %d started again (pid %d)", worker.index, worker.process.pid)
+                log.info("%s frontend worker %d started again (pid %d)", self.label, worker.index, worker.process.pid)
 
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
@@ -167,3 +187,46 @@ class WorkerHttpFrontend:
         for sock in self._sockets:
             sock.close()
         self._sockets = []
+
+
+class WorkerHttpFrontend(WorkerPool):
+    """The HTTP/REST endpoint: N listening sockets on the port, one per worker."""
+
+    label = "HTTP/REST"
+
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
+        super().__init__(server, host, port)
+        config = self.config
+        tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,  # refuse bad TLS settings here, not in N workers
+                    config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
+        self.app = HttpApp(server)  # answers what the workers relay, as the HTTP port would without them
+
+    def _bind(self) -> tuple[list[socket.socket | None], int]:
+        self._sockets = bind_shared_sockets(self.host, self.port, self.config.frontend_processes)
+        return list(self._sockets), self._sockets[0].getsockname()[1]
+
+    def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
+        return Dispatcher(self.server.inference, self.app, on_ready)
+
+
+class WorkerGrpcFrontend(WorkerPool):
+    """The gRPC endpoint (grpcio): the core reserves the port, each worker's grpcio server binds it too."""
+
+    label = "gRPC"
+
+    def __init__(self, server: ServerAPI, host: str, port: int) -> None:
+        super().__init__(server, host, port)
+        if self.config.grpc_server_impl != "grpcio":
+            raise ValueError(GRPC_IMPL_MESSAGE)
+        server_credentials(self.config)  # refuse unreadable TLS files here, not in N workers
+        self.calls = GrpcCalls(server)  # runs what the workers relay, as the gRPC port would without them
+
+    def _bind(self) -> tuple[list[socket.socket | None], int]:
+        self._sockets = [reserve_port(self.host, self.port)]
+        return [None] * self.config.frontend_processes, self._sockets[0].getsockname()[1]
+
+    def _worker_config(self, port: int) -> ServerConfig:
+        return dataclasses.replace(self.config, grpc_port=port)
+
+    def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
+        return Dispatcher(self.server.inference, None, on_ready, self.calls)

@@ -19,12 +19,13 @@ from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.observability.trace_context import find_traceparent
-from naiad.protocol.errors import NaiadError
+from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.http")
 
@@ -127,6 +128,10 @@ class WorkerApp:
             return
         except UnsendableMessage:  # parameters nested past what pickle carries: the core decodes the body itself
             await self._relay_watched(scope, receive, body, send)
+            return
+        except DecoupledModelError:
+            status, message = status_and_message(unsupported(DECOUPLED_MESSAGE))
+            await send_error(send, status, message)
             return
         except NaiadError as exc:
             status, message = status_and_message(exc)

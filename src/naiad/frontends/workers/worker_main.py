@@ -1,7 +1,8 @@
-"""A frontend worker process: serves its share of the HTTP/REST port and hands requests to the core.
+"""A frontend worker process: serves its share of the HTTP/REST or gRPC port and hands requests to the core.
 
-Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD LISTEN_FD INDEX`. The
-first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
+Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD LISTEN_FD INDEX PROTOCOL`
+(PROTOCOL `http`: it serves the listening socket LISTEN_FD; `grpc`: LISTEN_FD is -1 and grpcio binds
+the gRPC port the core reserved, with SO_REUSEPORT). The first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
 flight, exit. SIGINT is the core's to act on (a terminal's Ctrl-C reaches the whole group). When the
 core goes away, the worker exits.
 """
@@ -9,11 +10,13 @@ core goes away, the worker exits.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
 import socket
 import sys
+from collections.abc import Awaitable, Callable
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http.listener import HttpListener, tls_options
@@ -41,34 +44,61 @@ def _configure_logging(config: ServerConfig) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: socket.socket, index: int) -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    loop.add_signal_handler(signal.SIGTERM, stop.set)
-    core = CoreClient()
-    channel = await Channel.open(channel_sock, core.on_message)
-    core.channel = channel
+async def _start_http(config: ServerConfig, core: CoreClient, listen_sock: socket.socket,
+                      index: int) -> Callable[[], Awaitable[None]]:
     tls = tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,
                       config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
     listen_sock.setblocking(False)
     listener = HttpListener.for_server(WorkerApp(config, core), config, config.http_address, config.http_port,
                                        f"naiad-http-worker-{index}", tls=tls, sock=listen_sock)
     await listener.start()
+    return listener.stop
+
+
+async def _start_grpc(config: ServerConfig, core: CoreClient) -> Callable[[], Awaitable[None]]:
+    from naiad.frontends.workers.grpc_worker import start_grpc  # grpcio only in the processes serving gRPC
+
+    server = await start_grpc(config, core)
+
+    async def stop() -> None:
+        await server.stop(config.exit_timeout_secs)
+
+    return stop
+
+
+async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: socket.socket | None,
+                index: int) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    core = CoreClient()
+    channel = await Channel.open(channel_sock, core.on_message)
+    core.channel = channel
+    if listen_sock is not None:
+        stop_listening = await _start_http(config, core, listen_sock, index)
+    else:
+        stop_listening = await _start_grpc(config, core)
+    # Keep the start-up heap out of later collections, as `naiad serve` does in the core
+    # (runtime/memory.py, not imported here): a full collection walking it paused this loop for
+    # tens of milliseconds under load.
+    gc.collect()
+    gc.freeze()
     channel.send((wire.READY, os.getpid()))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopping, channel.closed}, return_when=asyncio.FIRST_COMPLETED)
     if channel.closed.done():
         core.core_gone()
         log.warning("frontend worker %d: the core process went away; exiting", index)
-    await listener.stop()
+    await stop_listening()
     channel.close()
 
 
 def main(argv: list[str]) -> int:
-    channel_fd, listen_fd, index = (int(arg) for arg in argv)
+    channel_fd, listen_fd, index = (int(arg) for arg in argv[:3])
+    protocol = argv[3] if len(argv) > 3 else "http"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel_sock = socket.socket(fileno=channel_fd)
-    listen_sock = socket.socket(fileno=listen_fd)
+    listen_sock = socket.socket(fileno=listen_fd) if protocol == "http" else None
     try:
         config: ServerConfig = read_frame(channel_sock)
     except EOFError:
