@@ -522,6 +522,42 @@ def test_pings_and_window_updates_of_a_busy_client_are_not_a_flood(loop: asyncio
     assert sum(1 for f in frames if f[0] == w.HEADERS and f[1] & w.END_STREAM) == lim.CHEAP_FRAME_BURST
 
 
+def test_acknowledging_the_answers_of_one_long_stream_is_not_a_flood(loop: asyncio.AbstractEventLoop) -> None:
+    """One bidirectional call carrying many messages (perf_analyzer --streaming on a decoupled model): the
+    client acknowledges each answer with a stream and a connection WINDOW_UPDATE and a PING, far past the
+    control-frame burst on a single call, and still gets no GOAWAY."""
+
+    async def echo(requests: object, context: object) -> object:
+        async for request in requests:  # type: ignore[attr-defined]
+            yield request
+
+    async def scenario() -> list[tuple[int, int, int, bytes]]:
+        server = H2GrpcServer(max_concurrent_streams=100)
+        server.add_registered_method_handlers("t.S", {"M": grpc.stream_stream_rpc_method_handler(echo)})
+        conn, transport = H2Connection(server), FakeTransport()
+        conn.connection_made(transport)
+        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+            ("content-type", "application/grpc")))
+        conn.data_received(w.PREFACE + w.settings_frame({}) + w.frame(w.HEADERS, w.END_HEADERS, 1, block))
+        messages = lim.CHEAP_FRAME_BURST
+        for _ in range(messages):
+            conn.data_received(w.frame(w.DATA, 0, 1, b"\0" * 5))
+            for _ in range(3):
+                await asyncio.sleep(0)  # the handler answers
+            conn.data_received(w.frame(w.PING, 0, 0, b"12345678") + w.window_update(1, 5) + w.window_update(0, 5))
+        conn.data_received(w.frame(w.DATA, w.END_STREAM, 1, b""))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        frames = _frames(bytes(transport.out))
+        conn.connection_lost(None)
+        return frames
+
+    frames = loop.run_until_complete(scenario())
+    assert not [f for f in frames if f[0] == w.GOAWAY]
+    assert sum(1 for f in frames if f[0] == w.DATA and f[2] == 1) >= lim.CHEAP_FRAME_BURST
+
+
 def test_answers_waiting_for_window_hold_off_reading(loop: asyncio.AbstractEventLoop) -> None:
     """A client that gives no window for answers: once STALLED_STREAMS of them wait, the connection is
     read only a turn per STALL_PAUSE, so it cannot keep the server running calls whose answers it will

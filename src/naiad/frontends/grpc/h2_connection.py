@@ -293,6 +293,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         else:
             self._spend_cheap()  # unknown frame types are ignored (RFC 9113 4.1), within the budget
 
+    def _data_written(self) -> None:
+        self._sent_data = True
+        self._cheap.give(lim.CHEAP_FRAMES_PER_DATA)
+
     def _spend_cheap(self) -> None:
         if not self._cheap.take(self._last_rx):
             raise ConnectionError_(w.ENHANCE_YOUR_CALM, "too many control frames")

@@ -21,6 +21,10 @@ CHEAP_FRAME_RATE = 1000.0  # per second
 # Each call the client opens adds this many (up to the burst): gRPC C-core clients send a PING (BDP
 # probe) and WINDOW_UPDATEs for every few answers, thousands a second under load.
 CHEAP_FRAMES_PER_CALL = 8
+# Each DATA frame the server sends adds this many: a client acknowledges what it receives with a
+# stream and a connection WINDOW_UPDATE and a BDP PING, so a stream of answers on one long call
+# (a decoupled model, perf_analyzer --streaming) earns what it needs, and a flood earns nothing.
+CHEAP_FRAMES_PER_DATA = 3
 
 # Fairness: one connection handles at most this many frames (or bytes) per event-loop turn, then
 # pauses reading and goes on in a later turn, after the other connections had theirs.

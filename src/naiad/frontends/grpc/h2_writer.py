@@ -32,7 +32,8 @@ class FrameWriter:
     _send_window: int
     _peer_max_frame: int
     _blocked: dict[int, Stream]
-    _sent_data: bool
+    # Defined by the connection this is mixed into: a DATA frame went out (the client may acknowledge it).
+    _data_written: Callable[[], None]
     # Defined by the connection this is mixed into (H2Connection): end a call's bookkeeping.
     _release: Callable[[Stream, bool], None]
     _forget_if_done: Callable[[Stream], None]
@@ -77,7 +78,7 @@ class FrameWriter:
                 and size <= self._peer_max_frame):
             self._send_window -= size
             stream.send_window -= size
-            self._sent_data = True
+            self._data_written()
             self._write(w.frame(w.DATA, 0, stream.sid, data))
         else:
             if stream.pending is None:
@@ -104,7 +105,7 @@ class FrameWriter:
             self._send_window -= len(chunk)
             stream.send_window -= len(chunk)
             stream.pending_bytes -= len(chunk)
-            self._sent_data = True
+            self._data_written()
             self._write(w.frame(w.DATA, 0, stream.sid, chunk))
         self._blocked.pop(stream.sid, None)
         if stream.trailers is not None:
