@@ -493,6 +493,18 @@ def test_reading_stops_while_the_client_does_not_read(loop: asyncio.AbstractEven
     conn.connection_lost(None)
 
 
+
+def _one_method_connection(handler: grpc.RpcMethodHandler, max_streams: int) -> tuple[H2Connection, FakeTransport, bytes]:
+    """A connection to a server whose one method /t.S/M is `handler`, and the header block that calls it."""
+    server = H2GrpcServer(max_concurrent_streams=max_streams)
+    server.add_registered_method_handlers("t.S", {"M": handler})
+    conn, transport = H2Connection(server), FakeTransport()
+    conn.connection_made(transport)
+    block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
+        (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
+        ("content-type", "application/grpc")))
+    return conn, transport, block
+
 def test_pings_and_window_updates_of_a_busy_client_are_not_a_flood(loop: asyncio.AbstractEventLoop) -> None:
     """A client making many calls sends PINGs and WINDOW_UPDATEs with them (as gRPC C-core does): far
     past the control-frame burst in no time, and still no GOAWAY."""
@@ -501,13 +513,7 @@ def test_pings_and_window_updates_of_a_busy_client_are_not_a_flood(loop: asyncio
         return request
 
     async def scenario() -> list[tuple[int, int, int, bytes]]:
-        server = H2GrpcServer(max_concurrent_streams=100)
-        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(echo)})
-        conn, transport = H2Connection(server), FakeTransport()
-        conn.connection_made(transport)
-        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-            ("content-type", "application/grpc")))
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(echo), 100)
         conn.data_received(w.PREFACE + w.settings_frame({}))
         for sid in range(1, 2 * lim.CHEAP_FRAME_BURST, 2):
             conn.data_received(w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0" * 5)
@@ -532,13 +538,7 @@ def test_acknowledging_the_answers_of_one_long_stream_is_not_a_flood(loop: async
             yield request
 
     async def scenario() -> list[tuple[int, int, int, bytes]]:
-        server = H2GrpcServer(max_concurrent_streams=100)
-        server.add_registered_method_handlers("t.S", {"M": grpc.stream_stream_rpc_method_handler(echo)})
-        conn, transport = H2Connection(server), FakeTransport()
-        conn.connection_made(transport)
-        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-            ("content-type", "application/grpc")))
+        conn, transport, block = _one_method_connection(grpc.stream_stream_rpc_method_handler(echo), 100)
         conn.data_received(w.PREFACE + w.settings_frame({}) + w.frame(w.HEADERS, w.END_HEADERS, 1, block))
         messages = lim.CHEAP_FRAME_BURST
         for _ in range(messages):
@@ -567,13 +567,7 @@ def test_answers_waiting_for_window_hold_off_reading(loop: asyncio.AbstractEvent
         return request
 
     async def scenario() -> None:
-        server = H2GrpcServer(max_concurrent_streams=1000)
-        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(echo)})
-        conn, transport = H2Connection(server), FakeTransport()
-        conn.connection_made(transport)
-        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-            ("content-type", "application/grpc")))
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(echo), 1000)
         calls = b"".join(w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0" * 5)
                          for sid in range(1, 2 * (lim.STALLED_STREAMS + 400), 2))
         conn.data_received(w.PREFACE + w.settings_frame({w.S_INITIAL_WINDOW_SIZE: 0}) + calls)
@@ -637,13 +631,7 @@ def test_handlers_of_reset_streams_count_against_the_stream_limit(loop: asyncio.
         return request
 
     async def scenario() -> tuple[list[tuple[int, int, int, bytes]], bool]:
-        server = H2GrpcServer(max_concurrent_streams=2)
-        server.add_registered_method_handlers("t.S", {"M": grpc.unary_unary_rpc_method_handler(stubborn)})
-        conn, transport = H2Connection(server), FakeTransport()
-        conn.connection_made(transport)
-        block = b"".join(w.literal(n.encode(), v.encode()) for n, v in (
-            (":method", "POST"), (":scheme", "http"), (":path", "/t.S/M"), (":authority", "x"),
-            ("content-type", "application/grpc")))
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(stubborn), 2)
 
         def call(sid: int) -> bytes:
             return w.frame(w.HEADERS, w.END_HEADERS, sid, block) + w.frame(w.DATA, w.END_STREAM, sid, b"\0\0\0\0\0")
