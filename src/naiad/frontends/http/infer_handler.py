@@ -12,7 +12,6 @@ from naiad.frontends.http.body import (
     decompress_body,
     read_body,
 )
-from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import (
     ClientDisconnected,
@@ -25,7 +24,7 @@ from naiad.frontends.http.infer_codec import (
     encode_infer_response,
     parse_header_length,
 )
-from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
+from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import HeaderForwarder
 from naiad.observability.trace_context import incoming_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
@@ -102,17 +101,4 @@ class InferHandler:
             logger.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        out_headers = []
-        if json_length is None:
-            out_headers.append((b"content-type", JSON))
-        else:
-            out_headers.append((b"content-type", OCTET_STREAM))
-            out_headers.append((b"inference-header-content-length", str(json_length).encode()))
-        if headers.accept_encoding is not None:
-            encoding = choose_encoding(headers.accept_encoding)
-            if encoding is not None:
-                payload = compress(payload, encoding)
-                out_headers.append((b"content-encoding", encoding))
-        out_headers.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": out_headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_infer_answer(send, payload, json_length, headers.accept_encoding)

@@ -8,6 +8,7 @@ from typing import Any
 
 import orjson
 
+from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.errors import error_body
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
@@ -57,3 +58,19 @@ async def send_error(
     send: Send, status: int, message: str, *, close: bool = False, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
     await send_reply(send, error_reply(status, message, headers), close)
+
+
+async def send_infer_answer(send: Send, payload: bytes, json_length: int | None, accept_encoding: str | None) -> None:
+    """A 200 infer answer: JSON, or binary with its JSON header length; compressed when the client accepts it."""
+    if json_length is None:
+        out_headers = [(b"content-type", JSON)]
+    else:
+        out_headers = [(b"content-type", OCTET_STREAM), (b"inference-header-content-length", str(json_length).encode())]
+    if accept_encoding is not None:
+        encoding = choose_encoding(accept_encoding)
+        if encoding is not None:
+            payload = compress(payload, encoding)
+            out_headers.append((b"content-encoding", encoding))
+    out_headers.append((b"content-length", str(len(payload)).encode()))
+    await send({"type": "http.response.start", "status": 200, "headers": out_headers})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})

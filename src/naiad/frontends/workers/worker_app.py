@@ -15,12 +15,11 @@ from typing import Any
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, decompress_body, read_body
-from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
-from naiad.frontends.http.responses import JSON, OCTET_STREAM, Send, send_error
+from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
@@ -141,13 +140,4 @@ class WorkerApp:
             log.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        out_headers = [(b"content-type", JSON)] if json_length is None else [
-            (b"content-type", OCTET_STREAM), (b"inference-header-content-length", str(json_length).encode())]
-        if headers.accept_encoding is not None:
-            encoding = choose_encoding(headers.accept_encoding)
-            if encoding is not None:
-                payload = compress(payload, encoding)
-                out_headers.append((b"content-encoding", encoding))
-        out_headers.append((b"content-length", str(len(payload)).encode()))
-        await send({"type": "http.response.start", "status": 200, "headers": out_headers})
-        await send({"type": "http.response.body", "body": payload, "more_body": False})
+        await send_infer_answer(send, payload, json_length, headers.accept_encoding)
