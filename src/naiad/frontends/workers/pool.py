@@ -10,6 +10,7 @@ by --exit-timeout-secs, then kills what is left.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import dataclasses
@@ -102,8 +103,9 @@ class WorkerProcess:
                 self.process.send_signal(sig)
 
 
-class WorkerPool:
-    """One endpoint of one server, served by `config.frontend_processes` worker processes."""
+class WorkerPool(abc.ABC):
+    """One endpoint of one server, served by `config.frontend_processes` worker processes; each
+    protocol (WorkerHttpFrontend, WorkerGrpcFrontend) says how its port is bound and its calls dispatched."""
 
     label = ""
 
@@ -117,12 +119,13 @@ class WorkerPool:
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
+    @abc.abstractmethod
     def _bind(self) -> tuple[list[socket.socket | None], int]:
         """The socket each worker serves (None: it binds the port itself) and the bound port."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
-        raise NotImplementedError
+        """What answers a worker's messages in the server process."""
 
     def _worker_config(self, port: int) -> ServerConfig:
         return self.config
