@@ -30,12 +30,7 @@ from naiad.cli.startup_report import (
 from naiad.config.server_config import ServerConfig
 from naiad.core.facade import ServerAPI
 from naiad.core.server import Server
-from naiad.observability.log_settings import (
-    VERBATIM,
-    LogSettings,
-    SettingsFilter,
-    TritonFormatter,
-)
+from naiad.observability.log_settings import VERBATIM, LogSettings, install_root_handler
 from naiad.runtime.memory import freeze_startup_heap, keep_freed_buffers
 
 log = logging.getLogger("naiad")
@@ -45,15 +40,8 @@ FORCED_EXIT_GRACE_SECS = 2.0  # what cancelled requests get to unwind after a se
 
 def _configure_logging(settings: LogSettings) -> None:
     """One handler on the root logger, filtered and formatted by the server's live settings."""
-    handler: logging.Handler = logging.FileHandler(settings.log_file) if settings.log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(settings))
-    handler.addFilter(SettingsFilter(settings))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.logger_level)
+    root = install_root_handler(settings)
     settings.listeners.append(lambda changed: root.setLevel(changed.logger_level))
-    for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _frontend_class(key: str, config: ServerConfig) -> type:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -130,3 +131,17 @@ class TritonFormatter(logging.Formatter):
         micros = int((record.created % 1) * 1_000_000)
         stamp = time.strftime("%m%d %H:%M:%S", local)
         return f"{letter}{stamp}.{micros:06d} {record.process} {where}] {message}"
+
+
+def install_root_handler(settings: LogSettings) -> logging.Logger:
+    """One handler on the root logger (the log file or stderr), filtered and formatted by `settings`,
+    with the chatty libraries held at WARNING; returns the root logger."""
+    handler: logging.Handler = logging.FileHandler(settings.log_file) if settings.log_file else logging.StreamHandler(sys.stderr)
+    handler.setFormatter(TritonFormatter(settings))
+    handler.addFilter(SettingsFilter(settings))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.logger_level)
+    for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return root

@@ -24,7 +24,7 @@ from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, read_frame
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.worker_app import WorkerApp
-from naiad.observability.log_settings import LogSettings, SettingsFilter, TritonFormatter
+from naiad.observability.log_settings import LogSettings, install_root_handler
 
 log = logging.getLogger("naiad.frontends")
 
@@ -34,14 +34,7 @@ def _configure_logging(config: ServerConfig) -> None:
     settings = LogSettings(log_file=config.log_file, log_info=config.log_info, log_warning=config.log_warning,
                            log_error=config.log_error, log_verbose_level=config.log_verbose,
                            log_format=config.log_format)
-    handler: logging.Handler = logging.FileHandler(settings.log_file) if settings.log_file else logging.StreamHandler(sys.stderr)
-    handler.setFormatter(TritonFormatter(settings))
-    handler.addFilter(SettingsFilter(settings))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.logger_level)
-    for noisy in ("uvicorn", "uvicorn.error", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    install_root_handler(settings)
 
 
 async def _start_http(config: ServerConfig, core: CoreClient, listen_sock: socket.socket,
