@@ -56,8 +56,10 @@ async def app(scope, receive, send) -> None:
         HANGING.append(scope["path"])
         await asyncio.wait_for(gone.wait(), 10)
         DISCONNECTS.append(scope["path"])
-    elif path == "/task":  # reports whether the app's first step runs in a task (it need not)
+    elif path in ("/task", "/task-after-yield"):  # reports whether the app runs in a task (it need not)
         await _read_all(receive)
+        if path == "/task-after-yield":
+            await asyncio.sleep(0)
         answer = b"task" if asyncio.current_task() is not None else b"no task"
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
@@ -221,18 +223,20 @@ def test_the_disconnect_callback_runs_when_the_client_leaves(port):
                .endswith(b"\r\n\r\n1"), "the disconnect callback to run", timeout=10, interval=0.05)
 
 
-def test_a_request_that_never_waits_runs_without_a_task(port):
+def test_a_request_runs_without_a_task_until_it_yields_bare(port):
     answer = _exchange(port, b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
     assert answer.endswith(b"\r\n\r\nno task")
-    # Headers first, body later: the first step waits for the body, then goes on in a task.
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        conn.sendall(b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
-        time.sleep(0.1)
-        conn.sendall(b"hi")
-        data = b""
-        while chunk := conn.recv(65536):
-            data += chunk
-    assert data.endswith(b"\r\n\r\ntask")
+    # Headers first, body later: the first step waits for the body, and the step after it runs as
+    # soon as the body is there, still without a task; a bare yield makes the app go on in a task.
+    for path, expected in ((b"/task", b"no task"), (b"/task-after-yield", b"task")):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
+            time.sleep(0.1)
+            conn.sendall(b"hi")
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        assert data.endswith(b"\r\n\r\n" + expected), (path, data)
 
 
 def test_a_pipelining_connection_does_not_hold_up_another_connection(port):

@@ -39,7 +39,7 @@ from typing import Any
 
 import httptools
 
-from naiad.frontends.first_step import run_first_step
+from naiad.frontends.first_step import run_first_step, run_next_step
 from naiad.frontends.http.errors import error_body
 
 logger = logging.getLogger("naiad.http")
@@ -526,7 +526,15 @@ class HttpConnection(asyncio.Protocol):
             self._launch(exchange)
 
     def _resume(self, exchange: Exchange, coroutine: Any, context: contextvars.Context) -> None:
-        exchange.awaited = None
+        awaited, exchange.awaited = exchange.awaited, None
+        if awaited is not None and awaited.done():
+            # What the app waited on is done (its batch, its thread): the next step runs here, and
+            # the app gets a task only if it waits again (as a task, after a bare yield).
+            try:
+                exchange.awaited = run_next_step(coroutine, context, lambda coro, ctx: self._resume(exchange, coro, ctx))
+            except asyncio.CancelledError:
+                pass  # Exchange.run has closed the connection, as for a cancelled task
+            return
         task = self.loop.create_task(coroutine, context=context)
         exchange.task = task
         tasks = self.server_state.tasks
