@@ -10,6 +10,7 @@ import io
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
@@ -72,6 +73,10 @@ async def app(scope, receive, send) -> None:
         await asyncio.sleep(0.005)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body) + 2).encode())]})
         await send({"type": "http.response.body", "body": b"ok" + body})
+    elif path == "/inject":  # a response header carrying CR or LF (from the query): never written
+        value = urllib.parse.unquote_to_bytes(scope["query_string"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-echo", value), (b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -418,3 +423,12 @@ def test_any_split_of_the_bytes_gives_the_same_answers(port, parts, cut_points):
     assert [status for status, _ in whole] == [200] * len(parts)
     split = _answers(_send_in_pieces(port, payload, [int(c * len(payload)) for c in cut_points]))
     assert split == whole
+
+
+@pytest.mark.parametrize("value", ["a%0D%0AX-Injected:%201", "a%0AX-Injected:%201", "a%0Db"])
+def test_a_response_header_with_cr_or_lf_is_never_written(port, value):
+    answer = _exchange(port, f"GET /inject?{value} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert answer == b""  # the app's error (a started response) closes the connection, nothing sent
+    # the server keeps serving, and a clean value goes out as it is
+    answer = _exchange(port, b"GET /inject?fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"\r\nx-echo: fine\r\n" in answer

@@ -188,7 +188,7 @@ def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
 def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tuple[bytes, int | None]:
     """(body, JSON header length or None when there are no binary blobs)."""
     header, blobs = _encode(response, plan, spell_non_finite=False)
-    if b"null" in header:
+    if header.find(b"null") >= 0:  # (faster than `in`, which first tries the bytes as an int)
         # Only then can an output hold NaN or +-inf (orjson's null): written again, spelled out.
         # Looking for them in every float output cost more than this search.
         header, blobs = _encode(response, plan, spell_non_finite=True)
