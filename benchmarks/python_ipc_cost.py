@@ -1,0 +1,180 @@
+"""Cost of one Python-model execution through its worker process, without HTTP, gRPC or the scheduler.
+
+    .venv/bin/python benchmarks/python_ipc_cost.py                       # this tree, c=1 and c=8
+    .venv/bin/python benchmarks/python_ipc_cost.py --src OTHER/src --src src --rounds 3
+
+Drives one ProcessInstance of the add_sub FP32[16] Python model directly (execute_requests, as the
+default scheduler calls it: one batch of one request at a time, `--concurrency` requests waiting) for
+`--seconds` per measurement, and reports per request: wall time (mean and p50), CPU of the server
+process and of the worker process (all threads, from /proc/<pid>/task/*/schedstat, in ns), and at c=1
+where the time goes: server to worker (encode, send, worker wake-up), in the worker (decode into
+pb_utils objects + execute), and back (encode outputs, send, server wake-up, decode).
+
+With several `--src` trees (e.g. a checkout of another revision), each measurement runs in a fresh
+process importing that tree, and the trees take turns round after round, so that a noisy machine
+affects them alike; the summary gives each tree's median over the rounds and its ratio to the first.
+`--pin CORE` runs the server and its worker on one core, as the benchmark matrix does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from python_backend_bench import ADD_SUB_CONFIG, ADD_SUB_PY  # noqa: E402
+
+
+def _cpu_ns(pid: int) -> int:
+    """CPU time of every thread of a process so far, in ns (scheduler accounting, not clock ticks)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, float]:
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
+    from naiad.config.model_config import load_config_file
+    from naiad.runtime.process.instance import start_process_instance
+
+    model_dir = repo / "add_sub"
+    config = load_config_file(model_dir / "config.pbtxt")
+    config.name = "add_sub"
+    source = ModelSource(config, 1, model_dir, model_dir / "1", model_dir / "1" / "model.py", {})
+    group = mc.ModelInstanceGroup(name="add_sub", kind=mc.ModelInstanceGroup.KIND_CPU, count=1)
+    instance = await start_process_instance(source, InstanceSpec("add_sub_0", group, group.kind, 0))
+    loop = asyncio.get_running_loop()
+    inputs = {"INPUT0": np.ones((1, 16), np.float32), "INPUT1": np.full((1, 16), 2, np.float32)}
+    queue: asyncio.Queue = asyncio.Queue()
+    latencies: list[int] = []
+    phases: list[tuple[int, int, int]] = []
+
+    async def scheduler() -> None:
+        """One batch (of one request) at a time, as the default scheduler hands them to an instance."""
+        while True:
+            request, future = await queue.get()
+            submitted = time.perf_counter_ns()
+
+            def respond(index: int, response, future=future, submitted=submitted) -> None:
+                if response.error is not None:
+                    future.set_exception(RuntimeError(response.error.message))
+                    return
+                answered = time.perf_counter_ns()
+                if response.execution_ns is not None:
+                    start, end = response.execution_ns
+                    phases.append((start - submitted, end - start, answered - end))
+                future.set_result(response.outputs)
+
+            await instance.execute_requests([request], respond)
+
+    async def client(stop_at: float, record: bool) -> None:
+        while time.perf_counter() < stop_at:
+            future = loop.create_future()
+            started = time.perf_counter_ns()
+            queue.put_nowait((BackendRequest(dict(inputs), ["OUTPUT0", "OUTPUT1"]), future))
+            outputs = await future
+            if record:
+                latencies.append(time.perf_counter_ns() - started)
+        assert float(outputs["OUTPUT0"][0, 0]) == 3.0
+
+    runner = loop.create_task(scheduler())
+    await asyncio.gather(*(client(time.perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm-up
+    phases.clear()
+    worker_before, server_before = _cpu_ns(instance.pid), _cpu_ns(os.getpid())
+    started = time.perf_counter()
+    await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    worker_cpu, server_cpu = _cpu_ns(instance.pid) - worker_before, _cpu_ns(os.getpid()) - server_before
+    runner.cancel()
+    await instance.aclose()
+    count = len(latencies)
+    result = {
+        "requests_per_s": count / wall,
+        "wall_us": wall / count * 1e6 * concurrency,
+        "p50_us": statistics.median(latencies) / 1e3,
+        "server_cpu_us": server_cpu / count / 1e3,
+        "worker_cpu_us": worker_cpu / count / 1e3,
+    }
+    if phases:
+        for i, name in enumerate(("to_worker_us", "in_worker_us", "back_us")):
+            result[name] = statistics.median(p[i] for p in phases) / 1e3
+    return result
+
+
+def _child(args: argparse.Namespace) -> int:
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})  # the worker inherits it: both share one core, as in the matrix
+    with tempfile.TemporaryDirectory(prefix="ipc-cost-") as tmp:
+        repo = Path(tmp)
+        (repo / "add_sub" / "1").mkdir(parents=True)
+        (repo / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+        (repo / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)
+        result = asyncio.run(_measure(repo, args.concurrency[0], args.seconds))
+    print(json.dumps(result))
+    return 0
+
+
+COLUMNS = ("requests_per_s", "wall_us", "p50_us", "server_cpu_us", "worker_cpu_us", "to_worker_us", "in_worker_us", "back_us")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--src", action="append", help="a source tree to measure (repeatable; default: this one)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--pin", type=int, help="run the server and its worker on this one core")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return _child(args)
+    trees = [str(Path(s).resolve()) for s in (args.src or [str(HERE.parent / "src")])]
+    results: dict[tuple[str, int], list[dict[str, float]]] = {}
+    for round_ in range(args.rounds):
+        for concurrency in args.concurrency:
+            for tree in trees:
+                env = {**os.environ, "PYTHONPATH": tree}
+                command = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--concurrency", str(concurrency)]
+                if args.pin is not None:
+                    command += ["--pin", str(args.pin)]
+                out = subprocess.run(command, env=env, capture_output=True, text=True)
+                if out.returncode != 0:
+                    print(out.stderr, file=sys.stderr)
+                    return 1
+                row = json.loads(out.stdout.strip().splitlines()[-1])
+                results.setdefault((tree, concurrency), []).append(row)
+                print(f"round {round_ + 1} c={concurrency} {tree}: "
+                      + " ".join(f"{k}={row[k]:.1f}" for k in COLUMNS if k in row), flush=True)
+    print("\nmedian over rounds; ratio = tree / first tree")
+    for concurrency in args.concurrency:
+        base = None
+        for tree in trees:
+            rows = results[(tree, concurrency)]
+            med = {k: statistics.median(r[k] for r in rows) for k in COLUMNS if k in rows[0]}
+            base = base or med
+            cells = " ".join(f"{k}={v:.1f}" + (f" ({v / base[k]:.2f}x)" if tree != trees[0] and base[k] else "")
+                             for k, v in med.items())
+            print(f"c={concurrency} {tree}: {cells}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
