@@ -53,7 +53,10 @@ async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, fl
 
     from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
     from naiad.config.model_config import load_config_file
+    from naiad.runtime.memory import keep_freed_buffers
     from naiad.runtime.process.instance import start_process_instance
+
+    keep_freed_buffers()  # as `naiad serve` does
 
     model_dir = repo / "add_sub"
     config = load_config_file(model_dir / "config.pbtxt")
