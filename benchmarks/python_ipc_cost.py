@@ -13,7 +13,8 @@ pb_utils objects + execute), and back (encode outputs, send, server wake-up, dec
 With several `--src` trees (e.g. a checkout of another revision), each measurement runs in a fresh
 process importing that tree, and the trees take turns round after round, so that a noisy machine
 affects them alike; the summary gives each tree's median over the rounds and its ratio to the first.
-`--pin CORE` runs the server and its worker on one core, as the benchmark matrix does.
+`--pin CORE` runs the server and its worker on one core, as the benchmark matrix does; `--server` goes
+through Server.infer_async instead (the scheduler, statistics and response objects included).
 """
 
 from __future__ import annotations
@@ -48,7 +49,30 @@ def _cpu_ns(pid: int) -> int:
     return total
 
 
-async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, float]:
+def _switches(pid: int) -> int:
+    """Context switches (voluntary and not) of every thread of a process so far."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as status:
+                total += sum(int(line.split()[1]) for line in status if "ctxt_switches:" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            pass
+    return total
+
+
+def _usage(pids: tuple[int, int]) -> tuple[int, ...]:
+    """CPU ns and context switches of the server and the worker."""
+    return (_cpu_ns(pids[0]), _cpu_ns(pids[1]), _switches(pids[0]), _switches(pids[1]))
+
+
+def _per_request(before: tuple[int, ...], after: tuple[int, ...], count: int) -> dict[str, float]:
+    used = [b - a for a, b in zip(before, after)]
+    return {"server_cpu_us": used[0] / count / 1e3, "worker_cpu_us": used[1] / count / 1e3,
+            "server_switches": used[2] / count, "worker_switches": used[3] / count}
+
+
+async def _measure(repo: Path, concurrency: int, seconds: float, batch: int = 1) -> dict[str, float]:
     from tritonclient.grpc import model_config_pb2 as mc
 
     from naiad.backends.base import BackendRequest, InstanceSpec, ModelSource
@@ -71,22 +95,27 @@ async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, fl
     phases: list[tuple[int, int, int]] = []
 
     async def scheduler() -> None:
-        """One batch (of one request) at a time, as the default scheduler hands them to an instance."""
+        """Batches handed to the instance one at a time, as a scheduler does: of one request, or with
+        `batch` > 1 of up to that many of the requests waiting (as a dynamic batcher forms them)."""
         while True:
-            request, future = await queue.get()
+            items = [await queue.get()]
+            while len(items) < batch and not queue.empty():
+                items.append(queue.get_nowait())
             submitted = time.perf_counter_ns()
+            futures = [future for _, future in items]
 
-            def respond(index: int, response, future=future, submitted=submitted) -> None:
+            def respond(index: int, response, futures=futures, submitted=submitted) -> None:
+                future = futures[index]
                 if response.error is not None:
                     future.set_exception(RuntimeError(response.error.message))
                     return
                 answered = time.perf_counter_ns()
-                if response.execution_ns is not None:
+                if response.execution_ns is not None and len(futures) == 1:
                     start, end = response.execution_ns
                     phases.append((start - submitted, end - start, answered - end))
                 future.set_result(response.outputs)
 
-            await instance.execute_requests([request], respond)
+            await instance.execute_requests([request for request, _ in items], respond)
 
     async def client(stop_at: float, record: bool) -> None:
         while time.perf_counter() < stop_at:
@@ -101,11 +130,12 @@ async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, fl
     runner = loop.create_task(scheduler())
     await asyncio.gather(*(client(time.perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm-up
     phases.clear()
-    worker_before, server_before = _cpu_ns(instance.pid), _cpu_ns(os.getpid())
+    pids = (os.getpid(), instance.pid)
+    before = _usage(pids)
     started = time.perf_counter()
     await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
     wall = time.perf_counter() - started
-    worker_cpu, server_cpu = _cpu_ns(instance.pid) - worker_before, _cpu_ns(os.getpid()) - server_before
+    after = _usage(pids)
     runner.cancel()
     await instance.aclose()
     count = len(latencies)
@@ -113,13 +143,51 @@ async def _measure(repo: Path, concurrency: int, seconds: float) -> dict[str, fl
         "requests_per_s": count / wall,
         "wall_us": wall / count * 1e6 * concurrency,
         "p50_us": statistics.median(latencies) / 1e3,
-        "server_cpu_us": server_cpu / count / 1e3,
-        "worker_cpu_us": worker_cpu / count / 1e3,
+        **_per_request(before, after, count),
     }
     if phases:
         for i, name in enumerate(("to_worker_us", "in_worker_us", "back_us")):
             result[name] = statistics.median(p[i] for p in phases) / 1e3
     return result
+
+
+async def _measure_server(repo: Path, concurrency: int, seconds: float) -> dict[str, float]:
+    """The same through the whole server (Server.infer_async: scheduler, statistics, responses)."""
+    from naiad import Server
+    from naiad.protocol.types import InferenceRequest, InferInput
+    from naiad.runtime.memory import keep_freed_buffers
+
+    keep_freed_buffers()
+    server = Server(model_repository=str(repo))
+    await server.startup()
+    pid = server.models.lookup("add_sub").pool.instances[0].pid
+    inputs = [InferInput("INPUT0", "FP32", (1, 16), np.ones((1, 16), np.float32)),
+              InferInput("INPUT1", "FP32", (1, 16), np.full((1, 16), 2, np.float32))]
+    latencies: list[int] = []
+
+    async def client(stop_at: float, record: bool) -> None:
+        while time.perf_counter() < stop_at:
+            started = time.perf_counter_ns()
+            response = await server.infer_async(InferenceRequest("add_sub", list(inputs)))
+            if record:
+                latencies.append(time.perf_counter_ns() - started)
+        assert float(response.outputs[0].data[0, 0]) == 3.0
+
+    await asyncio.gather(*(client(time.perf_counter() + 0.5, False) for _ in range(concurrency)))  # warm-up
+    pids = (os.getpid(), pid)
+    before = _usage(pids)
+    started = time.perf_counter()
+    await asyncio.gather(*(client(started + seconds, True) for _ in range(concurrency)))
+    wall = time.perf_counter() - started
+    after = _usage(pids)
+    await server.shutdown()
+    count = len(latencies)
+    return {
+        "requests_per_s": count / wall,
+        "wall_us": wall / count * 1e6 * concurrency,
+        "p50_us": statistics.median(latencies) / 1e3,
+        **_per_request(before, after, count),
+    }
 
 
 def _child(args: argparse.Namespace) -> int:
@@ -130,12 +198,16 @@ def _child(args: argparse.Namespace) -> int:
         (repo / "add_sub" / "1").mkdir(parents=True)
         (repo / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
         (repo / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)
-        result = asyncio.run(_measure(repo, args.concurrency[0], args.seconds))
+        if args.server:
+            result = asyncio.run(_measure_server(repo, args.concurrency[0], args.seconds))
+        else:
+            result = asyncio.run(_measure(repo, args.concurrency[0], args.seconds, args.batch))
     print(json.dumps(result))
     return 0
 
 
-COLUMNS = ("requests_per_s", "wall_us", "p50_us", "server_cpu_us", "worker_cpu_us", "to_worker_us", "in_worker_us", "back_us")
+COLUMNS = ("requests_per_s", "wall_us", "p50_us", "server_cpu_us", "worker_cpu_us", "server_switches", "worker_switches",
+           "to_worker_us", "in_worker_us", "back_us")
 
 
 def main() -> int:
@@ -144,6 +216,8 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1, help="requests per batch at most (add_sub's max_batch_size is 8)")
+    parser.add_argument("--server", action="store_true", help="go through Server.infer_async (scheduler included)")
     parser.add_argument("--pin", type=int, help="run the server and its worker on this one core")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -158,6 +232,9 @@ def main() -> int:
                 command = [sys.executable, __file__, "--child", "--seconds", str(args.seconds), "--concurrency", str(concurrency)]
                 if args.pin is not None:
                     command += ["--pin", str(args.pin)]
+                if args.server:
+                    command.append("--server")
+                command += ["--batch", str(args.batch)]
                 out = subprocess.run(command, env=env, capture_output=True, text=True)
                 if out.returncode != 0:
                     print(out.stderr, file=sys.stderr)
@@ -165,7 +242,7 @@ def main() -> int:
                 row = json.loads(out.stdout.strip().splitlines()[-1])
                 results.setdefault((tree, concurrency), []).append(row)
                 print(f"round {round_ + 1} c={concurrency} {tree}: "
-                      + " ".join(f"{k}={row[k]:.1f}" for k in COLUMNS if k in row), flush=True)
+                      + " ".join(f"{k}={row[k]:.{2 if 'switches' in k else 1}f}" for k in COLUMNS if k in row), flush=True)
     print("\nmedian over rounds; ratio = tree / first tree")
     for concurrency in args.concurrency:
         base = None
@@ -173,7 +250,7 @@ def main() -> int:
             rows = results[(tree, concurrency)]
             med = {k: statistics.median(r[k] for r in rows) for k in COLUMNS if k in rows[0]}
             base = base or med
-            cells = " ".join(f"{k}={v:.1f}" + (f" ({v / base[k]:.2f}x)" if tree != trees[0] and base[k] else "")
+            cells = " ".join(f"{k}={v:.{2 if 'switches' in k else 1}f}" + (f" ({v / base[k]:.2f}x)" if tree != trees[0] and base[k] else "")
                              for k, v in med.items())
             print(f"c={concurrency} {tree}: {cells}")
     return 0
