@@ -196,7 +196,9 @@ def _child(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="ipc-cost-") as tmp:
         repo = Path(tmp)
         (repo / "add_sub" / "1").mkdir(parents=True)
-        (repo / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
+        # With a dynamic_batching block the instance is not pipelined: one batch at its worker at a time.
+        config = ADD_SUB_CONFIG + ("dynamic_batching { }\n" if args.dynamic else "")
+        (repo / "add_sub" / "config.pbtxt").write_text(config)
         (repo / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)
         if args.server:
             result = asyncio.run(_measure_server(repo, args.concurrency[0], args.seconds))
@@ -217,6 +219,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--batch", type=int, default=1, help="requests per batch at most (add_sub's max_batch_size is 8)")
+    parser.add_argument("--dynamic", action="store_true", help="give the model a dynamic_batching block")
     parser.add_argument("--server", action="store_true", help="go through Server.infer_async (scheduler included)")
     parser.add_argument("--pin", type=int, help="run the server and its worker on this one core")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -234,7 +237,7 @@ def main() -> int:
                     command += ["--pin", str(args.pin)]
                 if args.server:
                     command.append("--server")
-                command += ["--batch", str(args.batch)]
+                command += ["--batch", str(args.batch)] + (["--dynamic"] if args.dynamic else [])
                 out = subprocess.run(command, env=env, capture_output=True, text=True)
                 if out.returncode != 0:
                     print(out.stderr, file=sys.stderr)

@@ -327,6 +327,19 @@ class WorkerSession:
             raise
         return future
 
+    def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """`future`, from submit(), was cancelled along with its caller while the worker may still run its
+        batch: a fresh future that resolves when the batch has finished (at once if it has)."""
+        for batch in self._batches.values():
+            if batch.future is future:
+                if not batch.done and self.alive:
+                    batch.future = self._loop.create_future()
+                    return batch.future
+                break
+        ended = self._loop.create_future()
+        ended.set_result(None)
+        return ended
+
     def _close_if_complete(self, batch_id: int, batch: _Batch) -> None:
         if batch.done and not batch.open:
             self._batches.pop(batch_id, None)
