@@ -196,8 +196,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._preferred_memory = preferred_memory or PreferredMemory()
-        self._trace = trace or InferenceTrace()
+        self._preferred_memory: PreferredMemory | None = preferred_memory or PreferredMemory()
+        self._trace: InferenceTrace | None = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters, "request")
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._runtime: Any = None

@@ -248,7 +248,8 @@ class ProcessInstance:
             try:
                 # Not shielded (a shield costs a loop iteration per batch): a cancelled caller cancels
                 # `done` too, and the session then gives a fresh future for the batch's end.
-                return await done
+                timing: ExecutionOutcome = await done
+                return timing
             except asyncio.CancelledError:
                 # The worker still runs the batch: the instance is busy until it ends.
                 self._unfinished = session.finished(done) if done.cancelled() else done

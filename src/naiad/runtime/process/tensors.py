@@ -133,9 +133,11 @@ def unpack_one(mapping: mmap.mmap | None, meta: tuple[Any, ...], copy: bool) -> 
         count = 1
         for dim in shape:
             count *= dim
-        if count == 0 or (mapping is None and not inline):
+        if inline:
+            return decode_bytes(where, count).reshape(shape) if count else np.empty(shape, dtype=np.object_)
+        if count == 0 or mapping is None:
             return np.empty(shape, dtype=np.object_)
-        return decode_bytes(where if inline else mapping[where : where + nbytes], count).reshape(shape)
+        return decode_bytes(mapping[where : where + nbytes], count).reshape(shape)
     dtype = NUMPY_OF[datatype]
     if inline:
         return np.frombuffer(where, dtype).reshape(shape)
