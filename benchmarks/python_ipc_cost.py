@@ -1,20 +1,24 @@
 """Cost of one Python-model execution through its worker process, without HTTP, gRPC or the scheduler.
 
     .venv/bin/python benchmarks/python_ipc_cost.py                       # this tree, c=1 and c=8
-    .venv/bin/python benchmarks/python_ipc_cost.py --src OTHER/src --src src --rounds 3
+    .venv/bin/python benchmarks/python_ipc_cost.py --src OTHER/src --src src --rounds 3 --pin 0
 
 Drives one ProcessInstance of the add_sub FP32[16] Python model directly (execute_requests, as the
-default scheduler calls it: one batch of one request at a time, `--concurrency` requests waiting) for
-`--seconds` per measurement, and reports per request: wall time (mean and p50), CPU of the server
-process and of the worker process (all threads, from /proc/<pid>/task/*/schedstat, in ns), and at c=1
-where the time goes: server to worker (encode, send, worker wake-up), in the worker (decode into
-pb_utils objects + execute), and back (encode outputs, send, server wake-up, decode).
+default scheduler calls it: one batch at a time, `--concurrency` requests waiting) for `--seconds`
+per measurement, and reports per request: wall time (mean and p50), CPU and context switches of the
+server process and of the worker process (all threads, from /proc/<pid>/task/*/schedstat and status;
+the server's figure includes this driver's queue and futures, the same for every tree), and, for
+batches of one request, where the time goes (medians): server to worker (encode, send, worker
+wake-up), in the worker (decode into pb_utils objects + execute), and back (encode outputs, send,
+server wake-up, decode).
 
 With several `--src` trees (e.g. a checkout of another revision), each measurement runs in a fresh
 process importing that tree, and the trees take turns round after round, so that a noisy machine
 affects them alike; the summary gives each tree's median over the rounds and its ratio to the first.
-`--pin CORE` runs the server and its worker on one core, as the benchmark matrix does; `--server` goes
-through Server.infer_async instead (the scheduler, statistics and response objects included).
+`--pin CORE` runs the server and its worker on one core, as the benchmark matrix does; `--batch N`
+hands the instance batches of up to N waiting requests (a dynamic batcher's); `--dynamic` gives the
+model a dynamic_batching block (its instance then holds one batch at a time, not a pipeline);
+`--server` goes through Server.infer_async instead (scheduler, statistics and responses included).
 """
 
 from __future__ import annotations
