@@ -35,13 +35,6 @@ class _CoreOnly(Exception):
     """The request needs state only the core holds (the model config of a raw binary body): relay it."""
 
 
-class _NoLocalState:
-    """What decode_infer_request may look up on the server; a worker holds none of it."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise _CoreOnly(name)
-
-
 class WorkerApp:
     """ASGI 3 callable of one worker process."""
 
@@ -49,7 +42,6 @@ class WorkerApp:
         self.config = config
         self.core = core
         self.forward_headers = header_forwarder(config.http_header_forward_pattern)
-        self._no_state: Any = _NoLocalState()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,7 +104,7 @@ class WorkerApp:
             header_length = parse_header_length(headers.infer_header_length, len(plain))
             if header_length == 0:
                 raise _CoreOnly("a raw binary body is shaped by the model config")
-            request, plan = decode_infer_request(self._no_state, model, version, plain, header_length)
+            request, plan = decode_infer_request(model, version, plain, header_length)
         except (NaiadError, HttpError, _CoreOnly):
             # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
             await self._relay_watched(scope, receive, body, send)
