@@ -10,7 +10,6 @@ core's own HTTP application: answers and the precedence of errors stay exactly t
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from naiad.config.server_config import ServerConfig
@@ -20,6 +19,7 @@ from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_an
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
+from naiad.frontends.http.routes import INFER_PATH
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
@@ -27,8 +27,6 @@ from naiad.observability.trace_context import find_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.http")
-
-_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
 
 
 class _CoreOnly(Exception):
@@ -48,7 +46,7 @@ class WorkerApp:
             return
         path = scope["path"]
         if scope["method"] == "POST" and "/infer" in path and not self.config.http_restricted_api:
-            match = _INFER.fullmatch(path)
+            match = INFER_PATH.fullmatch(path)
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
                 return
