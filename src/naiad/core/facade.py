@@ -5,7 +5,8 @@ these protocols only, never on the `Server` class or the modules behind it (an i
 contract in pyproject.toml holds that seam). Arguments and results are protocol types
 (`InferenceRequest`, `InferenceResponse`, `NaiadError`), dicts, lists and strings, which pickle,
 and the `ModelConfig` protobuf, which crosses a process boundary as its serialized bytes: values a
-frontend in another process can be handed as well.
+frontend in another process can be handed as well. The one exception is a `ResolvedModel`, a
+handle on a loaded model that stays in the process that resolved it.
 
 - `InferenceAPI`: run requests. Shared-memory references in a request are resolved by the core,
   inputs and outputs alike: a frontend only decodes the reference. A frontend that must know the
