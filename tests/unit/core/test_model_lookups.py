@@ -153,3 +153,26 @@ def test_a_model_unloaded_after_resolve_is_loaded_again_on_demand(repo):
         response = _call(server, server.inference.infer(_add_sub_request(), resolved))
         np.testing.assert_array_equal(response.output("OUTPUT1").data, np.zeros((1, 16), np.float32))
         assert {"name": "add_sub", "version": "1", "state": "READY"} in server.control.repository_index()
+
+
+def test_generate_and_raw_bodies_load_a_model_on_demand(repo):
+    """Resolving is the request's lookup: with --load-on-demand it loads the model, as infer does."""
+    with naiad.Server(model_repository=str(repo), model_control_mode="explicit", load_on_demand=True) as server:
+        frontend = HttpFrontend(server, "127.0.0.1", 0)
+        port = _call(server, frontend.start())
+        try:
+            doc = {"INPUT0": [2] * 16, "INPUT1": [1] * 16}
+            status, _, body = _post(port, "/v2/models/add_sub/generate", json.dumps(doc).encode())
+            assert status == 200, body
+            assert json.loads(body)["OUTPUT1"] == [1] * 16
+            x = np.arange(3, dtype=np.float32)
+            status, headers, body = _post(port, "/v2/models/identity_fp32/infer", x.tobytes(),
+                                          {"Inference-Header-Content-Length": "0"})
+            assert status == 200, body
+            assert np.frombuffer(body[int(headers["inference-header-content-length"]):], np.float32).tolist() == [0, 1, 2]
+            ready = {e["name"] for e in server.control.repository_index(ready_only=True)}
+            assert {"add_sub", "identity_fp32"} <= ready
+            status, _, body = _post(port, "/v2/models/not_in_repository/generate", b"{}")
+            assert status == 404, body
+        finally:
+            _call(server, frontend.stop())
