@@ -3,6 +3,7 @@ body, the OpenAI API), and a resolved model that stops serving before its reques
 
 import asyncio
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -176,3 +177,19 @@ def test_generate_and_raw_bodies_load_a_model_on_demand(repo):
             assert status == 404, body
         finally:
             _call(server, frontend.stop())
+
+
+def test_a_version_the_policy_drops_after_resolve_is_looked_up_again(tmp_path):
+    """Resolved without a version: the newest (2). A reload whose version policy keeps only 1 retires
+    it, and the request runs on what a lookup finds then."""
+    model_dir = add_sub_model(tmp_path, "add_sub")
+    shutil.copytree(model_dir / "1", model_dir / "2")
+    with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit", load_models=["add_sub"]) as server:
+        resolved = _call(server, server.inference.resolve("add_sub"))
+        assert resolved.version == "2"
+        config = model_dir / "config.pbtxt"
+        config.write_text(config.read_text() + "version_policy { specific { versions: [1] } }\n")
+        _call(server, server.control.load_model("add_sub"))
+        response = _call(server, server.inference.infer(_add_sub_request(), resolved))
+        assert response.model_version == "1"
+        np.testing.assert_array_equal(response.output("OUTPUT0").data, np.full((1, 16), 2, np.float32))
