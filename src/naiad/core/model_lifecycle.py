@@ -346,6 +346,8 @@ class ModelLifecycle:
             if version not in states and previous.model is not None:
                 states[version] = VersionState(UNAVAILABLE, "unloaded")
         record.versions = states
+        for retired in old.values():
+            retired.retired = True  # handles resolved on it are looked up again (ResolvedModel)
         record.fingerprint = fingerprint
         record.config_override = config_override
         if record.override_dir is not None and record.override_dir != model_dir and files:
@@ -472,6 +474,8 @@ class ModelLifecycle:
             serving = {v: s for v, s in record.versions.items() if s.model is not None}
             for state in serving.values():
                 state.state = UNLOADING
+                if state.model is not None:
+                    state.model.retired = True
             await asyncio.gather(*(self._retire(s.model) for s in serving.values() if s.model is not None))
             for version in record.versions:
                 record.versions[version] = VersionState(UNAVAILABLE, reason)
