@@ -7,7 +7,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -124,8 +124,11 @@ class Instance(Protocol):
     """What an InstancePool hands out: schedulers, health, memory accounting and unload use only this.
 
     Every capability is declared here (a default where most instances need nothing), never probed.
-    The two adapters are `ThreadInstance` (a ModelInstance on its own thread) and `ProcessInstance`
-    (an instance in a worker process); request-level instances (`RequestModelInstance`) are one too.
+    How an instance executes is declared too: `executes` says which of the two execution protocols
+    below it follows, `TensorInstance` (batches of tensors) or `RequestModelInstance` (whole requests),
+    and is the only thing a scheduler reads to choose the path. The adapters are `ThreadInstance`
+    (a ModelInstance on its own thread: a TensorInstance) and `ProcessInstance` (an instance in a
+    worker process: a RequestModelInstance); the LLM engines' instances are RequestModelInstances too.
     """
 
     name: str
@@ -134,6 +137,11 @@ class Instance(Protocol):
     tracks_unfinished: bool
     # True: the instance runs in a worker process of its own (`pid`), outside the server's memory.
     in_worker_process: bool
+
+    @property
+    def executes(self) -> Literal["tensors", "requests"]:
+        """Which execution protocol the instance follows: TensorInstance or RequestModelInstance."""
+        ...
 
     @property
     def pid(self) -> int:
@@ -161,6 +169,24 @@ class Instance(Protocol):
     async def aclose(self) -> None: ...
 
 
+class TensorInstance(Instance, Protocol):
+    """An instance that executes batches of tensors, already concatenated by the scheduler.
+
+    `execute` runs the batch off the event loop (the instance's own thread); `execute_inline` runs it
+    on the caller's thread, when the inline policy (naiad/scheduling/execution_policy.py) says so.
+    """
+
+    # CPU time the instance's thread spent in the last execute() (the inline policy's measure).
+    last_thread_ns: int
+
+    @property
+    def executes(self) -> Literal["tensors"]: ...
+
+    async def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]: ...
+
+    def execute_inline(self, batch: ExecutionBatch) -> dict[str, np.ndarray]: ...
+
+
 class RequestModelInstance(Instance, Protocol):
     """An instance that executes requests individually and may respond several times (decoupled).
 
@@ -171,12 +197,20 @@ class RequestModelInstance(Instance, Protocol):
     execution ended (the statistics then count the execution when it did); None: the caller times it.
     """
 
+    @property
+    def executes(self) -> Literal["requests"]: ...
+
     async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome: ...
+
+
+# What an InstancePool holds and a scheduler executes on: `executes` tells the two apart.
+PoolInstance = TensorInstance | RequestModelInstance
 
 
 class InProcessRequestInstance:
     """Defaults of the Instance capabilities for a request-level instance running in the server process."""
 
+    executes: Final = "requests"
     tracks_unfinished = False
     in_worker_process = False
     pid = 0
@@ -192,10 +226,6 @@ class InProcessRequestInstance:
 
     def chat_template(self) -> ChatTemplate | None:
         return None
-
-
-# What a backend's create_instance returns: a tensor instance or a request-level one.
-BackendInstance = ModelInstance | RequestModelInstance
 
 
 class TensorBackend(Protocol):

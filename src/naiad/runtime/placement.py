@@ -12,11 +12,11 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import Backend, InstanceSpec, ModelSource
+from naiad.backends.base import Backend, InstanceSpec, ModelSource, PoolInstance
 from naiad.config.model_config import ConfigError, parameter
 from naiad.runtime.process.auto_complete import auto_complete_python_model
 from naiad.runtime.process.instance import BACKEND_HOST, PYTHON_HOST, start_process_instance
-from naiad.runtime.thread_instance import PoolInstance, ThreadInstance
+from naiad.runtime.thread_instance import ThreadInstance
 
 # The model parameter that runs a tensor backend's instances in worker processes (crash isolation).
 INSTANCE_PROCESS = "INSTANCE_PROCESS"

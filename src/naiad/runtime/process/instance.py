@@ -12,7 +12,7 @@ import collections
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -104,6 +104,7 @@ def host_init(source: ModelSource, spec: InstanceSpec, host: str) -> dict[str, A
 class ProcessInstance:
     """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
 
+    executes: Final = "requests"
     tracks_unfinished = True
     in_worker_process = True
 
