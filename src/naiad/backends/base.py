@@ -257,17 +257,22 @@ class RequestBackend(Protocol):
 
 
 class ProcessBackend(Protocol):
-    """A backend whose model code runs only in worker processes: Triton's Python backend (model.py).
+    """A backend whose code runs only in worker processes, never in the server.
 
-    The process runtime (`naiad.runtime.process`) hosts the model file in each instance's worker, and
-    runs its `auto_complete_config` in a throw-away worker. A Python-based backend
-    (`<backend-directory>/<name>/model.py`) has a `shared_model_file` run for every model using it.
+    Triton's Python backend (model.py, `host` "python"): the process runtime (`naiad.runtime.process`)
+    hosts the model file in each instance's worker, and runs its `auto_complete_config` in a throw-away
+    worker. A Python-based backend (`<backend-directory>/<name>/model.py`) has a `shared_model_file`
+    run for every model using it. And a tensor backend whose model asks for worker-process instances
+    (INSTANCE_PROCESS, `host` "backend"): the server knows it only by name
+    (`naiad.runtime.placement.WorkerHostedBackend`) and its workers load it, so the framework is never
+    imported in the server.
     """
 
     name: str
     kind: Literal["process"]
+    host: Literal["python", "backend"]
     shared_model_file: Path | None
 
 
-# What the registry finds by name; `kind` tells which of the three it is.
+# What the server uses a model's backend through; `kind` tells which of the three it is.
 Backend = TensorBackend | RequestBackend | ProcessBackend
