@@ -156,6 +156,14 @@ class Instance(Protocol):
         """Executions handed over ahead that have not started yet (a worker's pipeline); 0 for most."""
         ...
 
+    def restarts(self) -> int:
+        """How many times the instance lost all it held because its worker process died (and was replaced).
+
+        0 for most. A sequence that started on the instance before it lost what it held cannot go on:
+        the sequence batcher ends it with an error.
+        """
+        ...
+
     def memory_bytes(self) -> int:
         """Memory the instance holds outside the server process (its worker's RSS); 0 for most."""
         ...
@@ -219,6 +227,9 @@ class InProcessRequestInstance:
         return None
 
     def queued(self) -> int:
+        return 0
+
+    def restarts(self) -> int:
         return 0
 
     def memory_bytes(self) -> int:

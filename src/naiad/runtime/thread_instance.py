@@ -70,6 +70,9 @@ class ThreadInstance:
     def queued(self) -> int:
         return 0
 
+    def restarts(self) -> int:
+        return 0  # the thread's model lives as long as the instance
+
     def memory_bytes(self) -> int:
         return 0  # the model lives in the server process, measured with it
 

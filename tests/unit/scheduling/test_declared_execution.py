@@ -1,5 +1,6 @@
 """Schedulers choose the execution path from what an instance declares (`executes`), never from its class:
-an adapter written from naiad.backends.base alone runs under every scheduler."""
+an adapter written from naiad.backends.base alone runs under every scheduler, and one that declares it lost
+what it held (restarts()) ends the sequences that started on it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from naiad.backends.base import (
     ResponseCallback,
 )
 from naiad.observability.statistics import ModelStatistics
+from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Scheduler, WorkItem
@@ -54,6 +56,9 @@ class OwnTensorInstance:
         return None
 
     def queued(self) -> int:
+        return 0
+
+    def restarts(self) -> int:
         return 0
 
     def memory_bytes(self) -> int:
@@ -126,5 +131,44 @@ def test_each_scheduler_runs_an_instance_on_the_path_it_declares(scheduler_kind:
             await pool.close()
         assert [r.outputs["Y"].item() for r in responses if r.outputs] == [0.0, 2.0, 4.0]
         assert sum(instance.batches) == 3  # every request reached the model through the declared path
+
+    asyncio.run(body())
+
+
+class RestartingInstance(OwnRequestInstance):
+    """A request-level instance whose worker process can be made to have died (restarts() goes up)."""
+
+    deaths = 0
+
+    def restarts(self) -> int:
+        return self.deaths
+
+
+def test_a_sequence_whose_instance_restarted_ends_with_a_clear_error() -> None:
+    async def body() -> None:
+        instance = RestartingInstance()
+        pool = InstancePool([instance])
+        scheduler = _scheduler("sequence", pool)
+
+        def step(value: float, cid: int, start: bool = False) -> WorkItem:
+            request = InferenceRequest(model_name="m", inputs=[], sequence_id=cid, sequence_start=start)
+            return WorkItem({"X": np.full((1, 1), value, np.float32)}, ["Y"], 1, request=request)
+
+        try:
+            assert (await scheduler.enqueue(step(1, 7, start=True))).outputs is not None
+            instance.deaths += 1  # the worker died between two requests of sequence 7
+            with pytest.raises(NaiadError, match="sequence 7 to model 'm' cannot continue the sequence: the worker "
+                                                 "process of model instance 'req_0' died"):
+                await scheduler.enqueue(step(2, 7))
+            with pytest.raises(NaiadError, match="must specify the START flag"):  # the sequence has ended
+                await scheduler.enqueue(step(3, 7))
+            started_after = await scheduler.enqueue(step(4, 8, start=True))  # a sequence started afterwards runs
+            assert started_after.outputs is not None and started_after.outputs["Y"].item() == 8.0
+            again = await scheduler.enqueue(step(5, 7, start=True))
+            assert again.outputs is not None and again.outputs["Y"].item() == 10.0
+        finally:
+            await scheduler.stop()
+            await pool.close()
+        assert len(instance.batches) == 3  # the lost request never reached the instance
 
     asyncio.run(body())
