@@ -16,8 +16,24 @@ from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
 
+class MetricsRegistry(Protocol):
+    """The server's /metrics, as a backend sees it: providers of extra metric families."""
+
+    # Each provider returns its current families (prometheus_client metric families) when /metrics is read.
+    extra_families: list[Callable[[], list[Any]]]
+
+
+class CustomMetricsRegistry(Protocol):
+    """The metric families model code creates (pb_utils.MetricFamily), updated from worker processes."""
+
+    def update(self, op: str, *args: Any) -> None: ...
+
+
 class ServerServices(Protocol):
-    """What a backend may ask of the server it runs in (BLS, model control from model code)."""
+    """What a backend may ask of the server it runs in (BLS, model control from model code, metrics)."""
+
+    metrics: MetricsRegistry
+    custom_metrics: CustomMetricsRegistry
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
 
