@@ -259,7 +259,8 @@ class TensorBackend(Protocol):
     """A framework whose instances take tensors: ONNX Runtime, PyTorch, TensorFlow, OpenVINO, FIL.
 
     `create_instance` blocks (it loads the model) and runs on a loader thread; each instance then runs
-    on its own thread, or in a worker process of its own when the model asks for it (INSTANCE_PROCESS).
+    on its own thread. When the model asks for worker processes (INSTANCE_PROCESS), both methods run
+    in workers instead, and the server never imports the backend's module.
     """
 
     name: str
