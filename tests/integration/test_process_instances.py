@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.framework_models import write_config
 from tests.support.onnx_models import add_sub_onnx
-from tests.support.process_tree import descendants
+from tests.support.process_tree import cpu_ticks, descendants, maps_library
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
@@ -98,15 +98,6 @@ def _workers(server: RunningServer) -> set[int]:
     return set(descendants(server.process.pid))
 
 
-def _cpu_ticks(pid: int) -> int:
-    """user + system CPU time of a process, in clock ticks (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
-
-
 def _spin(client: httpclient.InferenceServerClient, x: np.ndarray, loops: int) -> np.ndarray:
     inputs = [httpclient.InferInput("x", list(x.shape), "FP32"), httpclient.InferInput("loops", [x.shape[0], 1], "INT64")]
     inputs[0].set_data_from_numpy(x)
@@ -114,16 +105,8 @@ def _spin(client: httpclient.InferenceServerClient, x: np.ndarray, loops: int) -
     return client.infer("spin_torch", inputs).as_numpy("OUTPUT__0")
 
 
-def _maps(pid: int, library: str) -> bool:
-    """Whether the process has a shared library whose path contains `library` mapped."""
-    try:
-        return library in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
-
-
 def _maps_torch(pid: int) -> bool:
-    return _maps(pid, "libtorch")
+    return maps_library(pid, "libtorch")
 
 
 def _torch_worker(server: RunningServer, not_this: int = 0) -> int:
@@ -158,9 +141,9 @@ def test_the_server_process_never_loads_the_frameworks_of_process_instances(serv
     out0, _ = _add_sub(http, np.ones((1, 16), np.float32), np.ones((1, 16), np.float32))
     np.testing.assert_allclose(out0, np.full((1, 16), 2.0))
     workers = _workers(server)
-    assert any(_maps(pid, "onnxruntime") for pid in workers) and _torch_worker(server) in workers
-    assert not _maps(server.process.pid, "libtorch")
-    assert not _maps(server.process.pid, "onnxruntime")
+    assert any(maps_library(pid, "onnxruntime") for pid in workers) and _torch_worker(server) in workers
+    assert not maps_library(server.process.pid, "libtorch")
+    assert not maps_library(server.process.pid, "onnxruntime")
 
 
 def test_killed_torch_worker_fails_its_request_then_restarts(server: RunningServer) -> None:
@@ -178,9 +161,9 @@ def test_killed_torch_worker_fails_its_request_then_restarts(server: RunningServ
             outcome["error"] = exc
 
     caller = threading.Thread(target=long_request)
-    before = _cpu_ticks(victim)
+    before = cpu_ticks(victim)
     caller.start()
-    wait_until(lambda: _cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
+    wait_until(lambda: cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
     os.kill(victim, signal.SIGKILL)
     caller.join(60)
     assert not caller.is_alive()
@@ -252,4 +235,4 @@ def test_an_auto_completion_failing_in_its_worker_fails_the_load_clearly(server:
     assert not http.is_model_ready("broken_process")
     out0, _ = _add_sub(http, np.ones((1, 16), np.float32), np.ones((1, 16), np.float32))
     np.testing.assert_allclose(out0, np.full((1, 16), 2.0))
-    assert not _maps(server.process.pid, "onnxruntime")
+    assert not maps_library(server.process.pid, "onnxruntime")
