@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ServerServices
+from naiad.backends.base import PoolInstance, ServerServices
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError, ConfigReadError
@@ -37,7 +37,6 @@ from naiad.repository.catalog import ModelLocation, RepositoryCatalog
 from naiad.repository.local import version_directories
 from naiad.runtime.memory import release_free_memory, rss_bytes
 from naiad.runtime.placement import start_instance
-from naiad.runtime.thread_instance import PoolInstance
 from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.lifecycle")

@@ -10,7 +10,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ChatTemplate, ServerServices
+from naiad.backends.base import ChatTemplate, PoolInstance, ServerServices
 from naiad.config.inline_settings import inline_settings
 from naiad.config.model_config import datatype_name, scheduler_kind
 from naiad.core.facade import TensorMetadata
@@ -19,7 +19,7 @@ from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
-from naiad.runtime.thread_instance import InstancePool, PoolInstance
+from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
