@@ -12,7 +12,7 @@ import collections
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -104,6 +104,7 @@ def host_init(source: ModelSource, spec: InstanceSpec, host: str) -> dict[str, A
 class ProcessInstance:
     """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
 
+    executes: Final = "requests"
     tracks_unfinished = True
     in_worker_process = True
 
@@ -143,6 +144,7 @@ class ProcessInstance:
         self._execution_ns = 0.0  # moving average of the worker's execution time
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
+        self._deaths = 0  # serving workers that died: what the model held in them is gone
 
     # ------------------------------------------------------------ worker management
 
@@ -182,6 +184,7 @@ class ProcessInstance:
             return
         log.error("the worker process of model instance '%s' (pid %d) died; starting a new one", self.name, session.pid)
         self._serving = None
+        self._deaths += 1
         self._restarter = asyncio.get_running_loop().create_task(self._restart(session))
 
     async def _restart(self, dead: WorkerSession) -> None:
@@ -246,9 +249,13 @@ class ProcessInstance:
             return done  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
             try:
-                return await asyncio.shield(done)  # a cancelled caller must not cancel the batch's own future
+                # Not shielded (a shield costs a loop iteration per batch): a cancelled caller cancels
+                # `done` too, and the session then gives a fresh future for the batch's end.
+                timing: ExecutionOutcome = await done
+                return timing
             except asyncio.CancelledError:
-                self._unfinished = done  # the worker still runs it: the instance is busy until it ends
+                # The worker still runs the batch: the instance is busy until it ends.
+                self._unfinished = session.finished(done) if done.cancelled() else done
                 raise
         # Default scheduler: the next requests are already queued in the worker's socket while this
         # one runs, so the worker goes from one execute to the next without sleeping in between, and
@@ -280,6 +287,10 @@ class ProcessInstance:
         """The worker's resident memory: the model lives there, not in the server."""
         pid = self.pid
         return rss_bytes(pid) if pid else 0
+
+    def restarts(self) -> int:
+        """How many serving workers died: each took the model's in-memory state (e.g. per-sequence sums) with it."""
+        return self._deaths
 
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
