@@ -3,7 +3,7 @@
     python benchmarks/frontend_processes_bench.py --processes 1 2 --models add_sub mlp -c 32 --repeats 3
 
 Each repeat starts Naiad once per process count (back to back, unpinned: `taskset -c` all cores; the
-gRPC server is grpcio, the one frontend workers run), runs wrk and load.py's gRPC closed loop (one
+gRPC server is --grpc-server-impl's, Naiad's own by default, in the core or in each worker), runs wrk and load.py's gRPC closed loop (one
 process, --channels connections: the kernel spreads connections, not calls, over the workers)
 against each model, and reads /proc for the CPU the core process (the one that schedules,
 batches and runs models; its own threads included, Python-model stubs and frontend workers not)
@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=8, help="gRPC connections of the load generator")
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default="naiad")
     parser.add_argument("--out", type=Path, help="write every run as JSON here")
     args = parser.parse_args(argv)
     cores = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
@@ -80,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for count in args.processes:
                 servers.log(f"repeat {repeat + 1}: --frontend-processes {count}")
-                server = servers.start_naiad(work, matrix.naiad_repo, cores, list(names.values()), grpc_impl="grpcio",
+                server = servers.start_naiad(work, matrix.naiad_repo, cores, list(names.values()), grpc_impl=args.grpc_server_impl,
                                              tag=f"naiad-{count}", extra=("--frontend-processes", str(count)))
                 try:
                     time.sleep(0.5)
