@@ -237,3 +237,51 @@ def test_a_relayed_grpc_stream_sends_at_most_the_window_ahead_of_the_core() -> N
     assert after_reads == wire.STREAM_WINDOW + 4
     assert responses == [b"r"]
     assert kinds[0] == wire.GRPC_CALL and wire.CANCEL not in kinds  # ended by the core: nothing to cancel
+
+
+class _Inference:
+    """An inference interface answering at once (an inline model) or once released (a queued one)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.cancelled = 0
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if request.model_name == "queued":
+            self.waiting[request.id] = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiting[request.id]
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return InferenceResponse(request.model_name, "1", [], request.id)
+
+
+def test_an_inline_infer_is_answered_in_the_turn_that_read_it_and_a_waiting_one_stays_cancellable() -> None:
+    def infer_message(request_id: int, model: str) -> tuple:
+        return (wire.INFER, request_id, request_to_wire(InferenceRequest(model, [], id=str(request_id))), "")
+
+    async def scenario() -> tuple[list[tuple], int, int, list[tuple], int]:
+        inference = _Inference()
+        dispatcher = Dispatcher(inference, None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        dispatcher.on_message(infer_message(1, "inline"))
+        answered_at_once = list(sent.messages)  # no task, no turn of the loop
+        in_flight_inline = len(dispatcher.tasks)
+        dispatcher.on_message(infer_message(2, "queued"))
+        dispatcher.on_message(infer_message(3, "queued"))  # cancelled before it is released
+        in_flight_queued = len(dispatcher.tasks)
+        dispatcher.on_message((wire.CANCEL, 3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        inference.waiting["2"].set_result(None)
+        while len(sent.messages) < 2:
+            await asyncio.sleep(0.01)
+        return answered_at_once, in_flight_inline, in_flight_queued, sent.messages, inference.cancelled
+
+    at_once, inline_left, queued, messages, cancelled = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [(m[0], m[1]) for m in at_once] == [(wire.RESULT, 1)]
+    assert inline_left == 0 and queued == 2
+    assert cancelled == 1  # request 3: its client went away while it waited
+    assert [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1), (wire.RESULT, 2)]
