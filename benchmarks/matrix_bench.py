@@ -84,10 +84,11 @@ def start_servers(work: Path, matrix: matrix_models.Matrix, args, running: dict[
         procs.log(f"starting {name} ({', '.join(models)})")
         try:
             if name == "naiad":
-                running[name] = procs.start_naiad(work, matrix.naiad_repo, args.server_core, models, args.grpc_impl)
+                running[name] = procs.start_naiad(work, matrix.naiad_repo, args.server_core, models, args.grpc_impl,
+                                                  extra=naiad_flags(args))
             elif name == "baseline":  # the same repository served by another checkout: before vs after a change
                 running[name] = procs.start_naiad(work, matrix.naiad_repo, args.server_core, models, args.grpc_impl,
-                                                  tag="baseline", src=args.baseline_src / "src")
+                                                  tag="baseline", src=args.baseline_src / "src", extra=naiad_flags(args))
             elif name == "triton":
                 running[name] = procs.start_triton(work, matrix.triton_repo, args.server_core, models, args.triton_venv)
             elif name == "mlserver":
@@ -290,6 +291,13 @@ def tables(report: dict, how: str) -> str:
 
 # ---------------------------------------------------------------- main
 
+def naiad_flags(args: argparse.Namespace) -> tuple[str, ...]:
+    """Extra `naiad serve` flags the options ask for."""
+    if args.naiad_frontend_processes is None:
+        return ()
+    return ("--frontend-processes", str(args.naiad_frontend_processes))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
@@ -305,8 +313,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pick", choices=("median", "best"), default="median",
                         help="the round a cell reports: the median (default) or the fastest")
     parser.add_argument("--max-requests", type=int, default=10_000_000, help="cap on load.py requests per cell")
-    parser.add_argument("--server-core", default="0")
-    parser.add_argument("--client-core", default="1")
+    parser.add_argument("--server-core", default="0", help="taskset core list of the servers; '0,1' leaves them unpinned on two cores")
+    parser.add_argument("--client-core", default="1", help="taskset core list of the load generator")
+    parser.add_argument("--naiad-frontend-processes", type=int, default=None, metavar="N",
+                        help="pass --frontend-processes N to Naiad (and to the baseline)")
     parser.add_argument("--venvs", type=Path, default=os.environ.get("NAIAD_BENCH_VENVS"),
                         help="root of the peer venvs made by setup_peers.sh (default: $NAIAD_BENCH_VENVS)")
     parser.add_argument("--triton-venv", type=Path, default=os.environ.get("TRITON_VENV"),
@@ -352,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (None if args.check_only else HERE / "results" / f"{when:%Y-%m-%d-%H%M}-matrix.json")
     config = {k: getattr(args, k) for k in ("servers", "models", "variants", "protocols", "concurrency", "rounds",
                                              "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl",
+                                             "naiad_frontend_processes",
                                              "grpc_client")}
     report: dict = {"when": when.isoformat(timespec="seconds"), "machine": procs.machine_line(),
                     "command": " ".join(["benchmarks/matrix_bench.py", *sys.argv[1:]]), "config": config,

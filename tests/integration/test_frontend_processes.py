@@ -10,7 +10,6 @@ import queue
 import re
 import signal
 import socket
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -28,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model, identity_model
 from tests.support.python_models import write_counter_model
-from tests.support.servers import RunningServer, start_server
+from tests.support.servers import RunningServer, start_server, wait_for_line
 from tests.support.waiting import wait_until
 
 WORKERS = 2
@@ -90,17 +89,6 @@ def worker_pids(server: RunningServer, pattern: re.Pattern[str] = _PIDS) -> list
         if match:
             return [int(pid) for pid in match.group(1).split(",")]
     raise AssertionError("no worker pids in the server's log:\n" + "".join(server.output))
-
-
-def wait_for_line(server: RunningServer, pattern: re.Pattern[str], timeout: float = 120.0) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in list(server.output):
-            match = pattern.search(line)
-            if match:
-                return match
-        time.sleep(0.05)
-    raise AssertionError(f"no line matching {pattern.pattern} in:\n" + "".join(server.output))
 
 
 def test_json_and_binary_infer(server: RunningServer) -> None:

@@ -129,7 +129,7 @@ def _states(client) -> dict[str, dict]:
 
 def _slow_python_model(repo, name: str, seconds: float, fail: bool = False) -> None:
     """The Python add/sub model with an initialize that takes `seconds` (and then raises if `fail`)."""
-    body = f"        import time; time.sleep({seconds})\n"
+    body = f"        import time; time.sleep({seconds})\n"  # a slow load, simulated
     if fail:
         body += "        raise RuntimeError('initialize gave up')\n"
     model_py = ADD_SUB_PY.replace("    def initialize(self, args):\n", "    def initialize(self, args):\n" + body)

@@ -1,6 +1,7 @@
 """Any backend's instances in worker processes (parameter INSTANCE_PROCESS): a TorchScript model and an ONNX
-model serve from workers of their own, a killed worker fails its in-flight request and is restarted, and
-a bad parameter value fails the load clearly while the server keeps serving."""
+model serve from workers of their own, the server process never loads their frameworks (the ONNX model's
+config is auto-completed in a throw-away worker), a killed worker fails its in-flight request and is
+restarted, and a bad parameter value fails the load clearly while the server keeps serving."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.framework_models import write_config
 from tests.support.onnx_models import add_sub_onnx
-from tests.support.process_tree import descendants
+from tests.support.process_tree import cpu_ticks, descendants, maps_library
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
@@ -39,18 +40,11 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """ + PROCESS
 
+# Inputs and outputs left out: auto-completed from the ONNX file.
 ONNX_CONFIG = """
 name: "add_sub_process"
 backend: "onnxruntime"
 max_batch_size: 8
-input [
-  { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
-output [
-  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
-  { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] }
-]
 instance_group [ { count: 2 kind: KIND_CPU } ]
 dynamic_batching { max_queue_delay_microseconds: 20000 }
 """ + PROCESS
@@ -91,6 +85,10 @@ def server(tmp_path_factory: pytest.TempPathFactory):
     (bad / "1").mkdir(parents=True)
     add_sub_onnx(bad / "1" / "model.onnx")
     write_config(bad, ONNX_CONFIG.replace("add_sub_process", "bad_process").replace('"true"', '"sometimes"'))
+    broken = repo / "broken_process"
+    (broken / "1").mkdir(parents=True)
+    (broken / "1" / "model.onnx").write_bytes(b"not an onnx model")
+    write_config(broken, ONNX_CONFIG.replace("add_sub_process", "broken_process"))
     with start_server(repo, "--model-control-mode=explicit", "--load-model=spin_torch",
                       "--load-model=add_sub_process", timeout=180) as running:
         yield running
@@ -98,15 +96,6 @@ def server(tmp_path_factory: pytest.TempPathFactory):
 
 def _workers(server: RunningServer) -> set[int]:
     return set(descendants(server.process.pid))
-
-
-def _cpu_ticks(pid: int) -> int:
-    """user + system CPU time of a process, in clock ticks (0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])
 
 
 def _spin(client: httpclient.InferenceServerClient, x: np.ndarray, loops: int) -> np.ndarray:
@@ -117,10 +106,7 @@ def _spin(client: httpclient.InferenceServerClient, x: np.ndarray, loops: int) -
 
 
 def _maps_torch(pid: int) -> bool:
-    try:
-        return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-    except OSError:
-        return False
+    return maps_library(pid, "libtorch")
 
 
 def _torch_worker(server: RunningServer, not_this: int = 0) -> int:
@@ -147,6 +133,19 @@ def test_torchscript_model_runs_in_a_worker_process_and_serves(server: RunningSe
     assert _torch_worker(server) in workers
 
 
+def test_the_server_process_never_loads_the_frameworks_of_process_instances(server: RunningServer) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    config = http.get_model_config("add_sub_process")  # auto-completed from the ONNX file, in a worker
+    assert sorted(t["name"] for t in config["input"]) == ["INPUT0", "INPUT1"]
+    assert [t["dims"] for t in config["output"]] == [[16], [16]]
+    out0, _ = _add_sub(http, np.ones((1, 16), np.float32), np.ones((1, 16), np.float32))
+    np.testing.assert_allclose(out0, np.full((1, 16), 2.0))
+    workers = _workers(server)
+    assert any(maps_library(pid, "onnxruntime") for pid in workers) and _torch_worker(server) in workers
+    assert not maps_library(server.process.pid, "libtorch")
+    assert not maps_library(server.process.pid, "onnxruntime")
+
+
 def test_killed_torch_worker_fails_its_request_then_restarts(server: RunningServer) -> None:
     http = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
     x = np.ones((1, 4), np.float32)
@@ -162,9 +161,9 @@ def test_killed_torch_worker_fails_its_request_then_restarts(server: RunningServ
             outcome["error"] = exc
 
     caller = threading.Thread(target=long_request)
-    before = _cpu_ticks(victim)
+    before = cpu_ticks(victim)
     caller.start()
-    wait_until(lambda: _cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
+    wait_until(lambda: cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
     os.kill(victim, signal.SIGKILL)
     caller.join(60)
     assert not caller.is_alive()
@@ -226,3 +225,14 @@ def test_bad_instance_process_value_fails_the_load_and_the_server_keeps_serving(
     out0, out1 = _add_sub(http, np.ones((1, 16), np.float32), np.full((1, 16), 2.0, np.float32))
     np.testing.assert_allclose(out0, np.full((1, 16), 3.0))
     np.testing.assert_allclose(out1, np.full((1, 16), -1.0))
+
+
+def test_an_auto_completion_failing_in_its_worker_fails_the_load_clearly(server: RunningServer) -> None:
+    http = httpclient.InferenceServerClient(server.http_url)
+    with pytest.raises(InferenceServerException) as info:
+        http.load_model("broken_process")
+    assert "unable to load ONNX model" in str(info.value)  # the backend's own words, from the worker
+    assert not http.is_model_ready("broken_process")
+    out0, _ = _add_sub(http, np.ones((1, 16), np.float32), np.ones((1, 16), np.float32))
+    np.testing.assert_allclose(out0, np.full((1, 16), 2.0))
+    assert not maps_library(server.process.pid, "onnxruntime")

@@ -184,7 +184,7 @@ class TritonPythonModel:
     def execute(self, requests):
         seconds = float(pb_utils.get_input_tensor_by_name(requests[0], "SLEEP").as_numpy()[0])
         open(os.path.join(self.marker_dir, f"executing-{os.getpid()}"), "w").close()
-        time.sleep(seconds)
+        time.sleep(seconds)  # the execution time the request asks for
         pid = np.array([os.getpid()], dtype=np.int64)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", pid)]) for _ in requests]
 

@@ -42,7 +42,7 @@ class TritonPythonModel:
     def execute(self, requests):
         open(self.gate + ".started", "w").close()
         while os.path.exists(self.gate):
-            time.sleep(0.01)
+            time.sleep(0.01)  # model code: holds its instance until the test removes the gate
         return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy() * 2)])
                 for r in requests]
 """

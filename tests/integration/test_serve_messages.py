@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.onnx_models import add_sub_model, slow_model, write_config
-from tests.support.servers import post_json, start_server
+from tests.support.servers import post_json, start_server, wait_for_line
 from tests.support.waiting import wait_until
 
 FREE_PORTS = ["--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
@@ -138,16 +138,10 @@ def _two_in_flight(server, results: list) -> list[threading.Thread]:
     callers = [threading.Thread(target=call, args=(v,)) for v in (1.0, 2.0)]
     for caller in callers:
         caller.start()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
-        if 'nv_inference_pending_request_count{model="slow",version="1"} 1' in text:
-            return callers
-    raise AssertionError("the second request never queued behind the first")
-
-
-def _wait_for(server, text: str, timeout: float = 30) -> None:
-    wait_until(lambda: any(text in line for line in server.output), f"{text!r} in the server's output", timeout)
+    wait_until(lambda: 'nv_inference_pending_request_count{model="slow",version="1"} 1' in urllib.request.urlopen(
+        f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode(),
+        "the second request to queue behind the first", timeout=60)
+    return callers
 
 
 def test_sigterm_logs_the_drain_and_a_second_signal_exits_at_once(tmp_path):
@@ -156,7 +150,7 @@ def test_sigterm_logs_the_drain_and_a_second_signal_exits_at_once(tmp_path):
     results: list = []
     callers = _two_in_flight(server, results)
     server.process.send_signal(signal.SIGTERM)
-    _wait_for(server, "draining 2 request(s) (up to 600 s)")
+    wait_for_line(server, "draining 2 request(s) (up to 600 s)", timeout=30)
     sent = time.monotonic()
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(60) == 128 + signal.SIGTERM

@@ -111,7 +111,7 @@ def test_event_timestamps_do_not_wait_for_the_clients_own_decoding(fake_llm, tmp
     real_parse = client_module.parse_event
 
     def slow_parse(data: str):
-        time.sleep(0.01)
+        time.sleep(0.01)  # the client's decoding cost this test simulates
         return real_parse(data)
 
     monkeypatch.setattr(client_module, "parse_event", slow_parse)

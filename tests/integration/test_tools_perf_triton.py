@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from naiad.tools.perf import PerfOptions, run_perf
 from naiad.tools.v2client import HttpControl
 from tests.support.servers import start_server
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TRITON_SCRIPT = ROOT / "benchmarks" / "start_triton.sh"
@@ -68,19 +68,22 @@ def start_triton(repo: Path, log: Path) -> tuple[subprocess.Popen, Endpoint]:
     process = subprocess.Popen(["bash", str(TRITON_SCRIPT), str(repo), str(http), str(grpc), str(metrics)],
                                stdout=log.open("wb"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:  # polled: Triton prints no machine-readable start line
         if process.poll() is not None:
             raise RuntimeError(f"tritonserver exited ({process.returncode}):\n{log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{http}/v2/models/add_sub/ready", timeout=2) as answer:
-                if answer.status == 200:
-                    return process, Endpoint(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}")
+                return answer.status == 200
         except OSError:
-            pass
-        time.sleep(0.2)  # polling Triton's readiness: it prints no machine-readable start line
-    os.killpg(process.pid, signal.SIGKILL)
-    raise RuntimeError(f"tritonserver not ready in 180 s:\n{log.read_text()[-3000:]}")
+            return False
+
+    try:
+        wait_until(ready, "tritonserver to be ready", timeout=180, interval=0.2)
+    except AssertionError:
+        os.killpg(process.pid, signal.SIGKILL)
+        raise RuntimeError(f"tritonserver not ready in 180 s:\n{log.read_text()[-3000:]}") from None
+    return process, Endpoint(f"127.0.0.1:{http}", f"127.0.0.1:{grpc}", f"127.0.0.1:{metrics}")
 
 
 def stop_triton(process: subprocess.Popen) -> None:

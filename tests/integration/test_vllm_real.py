@@ -31,6 +31,7 @@ import tritonclient.grpc as grpcclient  # noqa: E402
 from tests.support.servers import RunningServer, post_json, start_server  # noqa: E402
 from tests.support.tiny_llm import build_tiny_llm, write_llm_repository  # noqa: E402
 from tests.support.vllm_offline import PREFIX as OFFLINE_PREFIX  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -116,12 +117,15 @@ def _metric(server: RunningServer, name: str, **labels: str) -> float:
 
 
 def _wait_metric(server: RunningServer, name: str, wanted, timeout: float = 30.0, **labels: str) -> float:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = _metric(server, name, **labels)
-        if wanted(value) or time.monotonic() > deadline:
-            return value
-        time.sleep(0.02)
+    """The metric's value once `wanted(value)` holds (AssertionError after `timeout`)."""
+    seen: list[float] = []
+
+    def holds() -> bool:
+        seen.append(_metric(server, name, **labels))
+        return wanted(seen[-1])
+
+    wait_until(holds, f"{name} to reach the wanted value", timeout)
+    return seen[-1]
 
 
 def _client(server: RunningServer):
@@ -300,7 +304,7 @@ def test_client_disconnect_aborts_the_vllm_request(server, route):
     before = _metric(server, "vllm:generation_tokens_total")
     sock.close()
     assert _wait_metric(server, "vllm:num_requests_running", lambda v: v == 0, timeout=10) == 0
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window in which an engine still generating for it would add tokens
     after = _metric(server, "vllm:generation_tokens_total")
     assert after < before + long / 2  # the engine stopped generating for it
 
@@ -344,7 +348,7 @@ def test_concurrent_streams(server, offline):
     peak = 0.0
     while any(t.is_alive() for t in threads):
         peak = max(peak, _metric(server, "vllm:num_requests_running"))
-        time.sleep(0.01)
+        time.sleep(0.01)  # paces the samples taken while the streams run
     for t in threads:
         t.join()
     assert not errors, errors
@@ -366,10 +370,8 @@ def test_unload_ends_the_engine_and_a_reload_serves_again(server, offline):
     assert _engine_processes(server)
     status, body = _post(f"http://{server.http_url}/v2/repository/models/{MODEL}/unload", {})
     assert status == 200, body
-    deadline = time.monotonic() + 60
-    while _engine_processes(server) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not _engine_processes(server)  # vLLM's engine core process ended with the unload
+    # vLLM's engine core process ended with the unload
+    wait_until(lambda: not _engine_processes(server), "vLLM's engine core process to end", timeout=60, interval=0.1)
     assert "output_handler failed" not in "".join(server.output)  # its output task was stopped first
     assert "vllm:num_requests_running{" not in _metrics_text(server)  # the families left with the model
     status, body = _post(f"http://{server.http_url}/v2/repository/models/{MODEL}/load", {})

@@ -183,7 +183,7 @@ def attack_loop(port: int, make: Callable[[Attacker], bytes], stop: StopFlag, st
             attacker = Attacker(port, stop, infer)
         except OSError:
             stats["connect_failures"] += 1
-            time.sleep(0.05)
+            time.sleep(0.05)  # paces the attack's reconnection attempts
             continue
         stats["connections"] += 1
         try:

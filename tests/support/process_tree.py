@@ -1,4 +1,4 @@
-"""Resident memory of a process and all its descendants (the server and its Python-backend workers)."""
+"""A process's descendants (the server and its worker processes), their resident memory and CPU time."""
 
 from __future__ import annotations
 
@@ -38,3 +38,20 @@ def rss(pid: int) -> int:
 def tree_rss(pid: int) -> tuple[int, int]:
     """(RSS of the process itself, RSS of all its descendants), in bytes."""
     return rss(pid), sum(rss(child) for child in descendants(pid))
+
+
+def cpu_ticks(pid: int) -> int:
+    """user + system CPU time of a process, in clock ticks (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0
+    return int(fields[11]) + int(fields[12])
+
+
+def maps_library(pid: int, library: str) -> bool:
+    """Whether the process has a file whose path contains `library` (a shared library) mapped."""
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False

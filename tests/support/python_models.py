@@ -70,3 +70,30 @@ def write_params_model(repo: Path, name: str = "params") -> None:
     (repo / name / "1").mkdir(parents=True, exist_ok=True)
     (repo / name / "config.pbtxt").write_text(PARAMS_CONFIG)
     (repo / name / "1" / "model.py").write_text(PARAMS_PY)
+
+
+TEXT_ECHO_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+# The smallest model the OpenAI-compatible API serves (text_input -> text_output): it answers the prompt.
+TEXT_ECHO_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor("text_output", pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy())])
+            for r in requests]
+"""
+
+
+def write_text_echo_model(repo: Path, name: str = "text_echo") -> None:
+    """A Python model whose text_output is its text_input: an LLM as far as /v1 is concerned."""
+    (repo / name / "1").mkdir(parents=True, exist_ok=True)
+    (repo / name / "config.pbtxt").write_text(TEXT_ECHO_CONFIG)
+    (repo / name / "1" / "model.py").write_text(TEXT_ECHO_PY)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import socket
 import subprocess
 import sys
@@ -14,6 +15,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.waiting import wait_until
 
 READY_PREFIX = "NAIAD_READY "
 GRPC_IMPL_ENV = "NAIAD_TEST_GRPC_IMPL"  # run the suite's servers with --grpc-server-impl naiad|grpcio
@@ -103,6 +106,19 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
     process.kill()
     process.wait()
     raise RuntimeError("naiad serve did not start:\n" + "".join(output))
+
+
+def wait_for_line(server: RunningServer, pattern: re.Pattern[str] | str, timeout: float = 60.0) -> re.Match[str]:
+    """The first match of `pattern` (a regex, or text to find as is) in the server's output, once printed."""
+    regex = pattern if isinstance(pattern, re.Pattern) else re.compile(re.escape(pattern))
+
+    def found() -> re.Match[str] | None:
+        return next((match for line in list(server.output) if (match := regex.search(line))), None)
+
+    try:
+        return wait_until(found, f"a line matching {regex.pattern!r}", timeout, interval=0.05)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}, in:\n" + "".join(server.output)) from None
 
 
 def client_error(call, *args, **kwargs):

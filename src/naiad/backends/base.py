@@ -7,7 +7,7 @@ import concurrent.futures
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
@@ -16,8 +16,24 @@ from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
 
+class MetricsRegistry(Protocol):
+    """The server's /metrics, as a backend sees it: providers of extra metric families."""
+
+    # Each provider returns its current families (prometheus_client metric families) when /metrics is read.
+    extra_families: list[Callable[[], list[Any]]]
+
+
+class CustomMetricsRegistry(Protocol):
+    """The metric families model code creates (pb_utils.MetricFamily), updated from worker processes."""
+
+    def update(self, op: str, *args: Any) -> None: ...
+
+
 class ServerServices(Protocol):
-    """What a backend may ask of the server it runs in (BLS, model control from model code)."""
+    """What a backend may ask of the server it runs in (BLS, model control from model code, metrics)."""
+
+    metrics: MetricsRegistry
+    custom_metrics: CustomMetricsRegistry
 
     async def infer_async(self, request: InferenceRequest) -> InferenceResponse: ...
 
@@ -124,8 +140,11 @@ class Instance(Protocol):
     """What an InstancePool hands out: schedulers, health, memory accounting and unload use only this.
 
     Every capability is declared here (a default where most instances need nothing), never probed.
-    The two adapters are `ThreadInstance` (a ModelInstance on its own thread) and `ProcessInstance`
-    (an instance in a worker process); request-level instances (`RequestModelInstance`) are one too.
+    How an instance executes is declared too: `executes` says which of the two execution protocols
+    below it follows, `TensorInstance` (batches of tensors) or `RequestModelInstance` (whole requests),
+    and is the only thing a scheduler reads to choose the path. The adapters are `ThreadInstance`
+    (a ModelInstance on its own thread: a TensorInstance) and `ProcessInstance` (an instance in a
+    worker process: a RequestModelInstance); the LLM engines' instances are RequestModelInstances too.
     """
 
     name: str
@@ -134,6 +153,11 @@ class Instance(Protocol):
     tracks_unfinished: bool
     # True: the instance runs in a worker process of its own (`pid`), outside the server's memory.
     in_worker_process: bool
+
+    @property
+    def executes(self) -> Literal["tensors", "requests"]:
+        """Which execution protocol the instance follows: TensorInstance or RequestModelInstance."""
+        ...
 
     @property
     def pid(self) -> int:
@@ -146,6 +170,14 @@ class Instance(Protocol):
 
     def queued(self) -> int:
         """Executions handed over ahead that have not started yet (a worker's pipeline); 0 for most."""
+        ...
+
+    def restarts(self) -> int:
+        """How many times the instance lost all it held because its worker process died (and was replaced).
+
+        0 for most. A sequence that started on the instance before it lost what it held cannot go on:
+        the sequence batcher ends it with an error.
+        """
         ...
 
     def memory_bytes(self) -> int:
@@ -161,6 +193,24 @@ class Instance(Protocol):
     async def aclose(self) -> None: ...
 
 
+class TensorInstance(Instance, Protocol):
+    """An instance that executes batches of tensors, already concatenated by the scheduler.
+
+    `execute` runs the batch off the event loop (the instance's own thread); `execute_inline` runs it
+    on the caller's thread, when the inline policy (naiad/scheduling/execution_policy.py) says so.
+    """
+
+    # CPU time the instance's thread spent in the last execute() (the inline policy's measure).
+    last_thread_ns: int
+
+    @property
+    def executes(self) -> Literal["tensors"]: ...
+
+    async def execute(self, batch: ExecutionBatch) -> dict[str, np.ndarray]: ...
+
+    def execute_inline(self, batch: ExecutionBatch) -> dict[str, np.ndarray]: ...
+
+
 class RequestModelInstance(Instance, Protocol):
     """An instance that executes requests individually and may respond several times (decoupled).
 
@@ -171,12 +221,20 @@ class RequestModelInstance(Instance, Protocol):
     execution ended (the statistics then count the execution when it did); None: the caller times it.
     """
 
+    @property
+    def executes(self) -> Literal["requests"]: ...
+
     async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome: ...
+
+
+# What an InstancePool holds and a scheduler executes on: `executes` tells the two apart.
+PoolInstance = TensorInstance | RequestModelInstance
 
 
 class InProcessRequestInstance:
     """Defaults of the Instance capabilities for a request-level instance running in the server process."""
 
+    executes: Final = "requests"
     tracks_unfinished = False
     in_worker_process = False
     pid = 0
@@ -187,6 +245,9 @@ class InProcessRequestInstance:
     def queued(self) -> int:
         return 0
 
+    def restarts(self) -> int:
+        return 0
+
     def memory_bytes(self) -> int:
         return 0
 
@@ -194,15 +255,12 @@ class InProcessRequestInstance:
         return None
 
 
-# What a backend's create_instance returns: a tensor instance or a request-level one.
-BackendInstance = ModelInstance | RequestModelInstance
-
-
 class TensorBackend(Protocol):
     """A framework whose instances take tensors: ONNX Runtime, PyTorch, TensorFlow, OpenVINO, FIL.
 
     `create_instance` blocks (it loads the model) and runs on a loader thread; each instance then runs
-    on its own thread, or in a worker process of its own when the model asks for it (INSTANCE_PROCESS).
+    on its own thread. When the model asks for worker processes (INSTANCE_PROCESS), both methods run
+    in workers instead, and the server never imports the backend's module.
     """
 
     name: str
@@ -227,17 +285,22 @@ class RequestBackend(Protocol):
 
 
 class ProcessBackend(Protocol):
-    """A backend whose model code runs only in worker processes: Triton's Python backend (model.py).
+    """A backend whose code runs only in worker processes, never in the server.
 
-    The process runtime (`naiad.runtime.process`) hosts the model file in each instance's worker, and
-    runs its `auto_complete_config` in a throw-away worker. A Python-based backend
-    (`<backend-directory>/<name>/model.py`) has a `shared_model_file` run for every model using it.
+    Triton's Python backend (model.py, `host` "python"): the process runtime (`naiad.runtime.process`)
+    hosts the model file in each instance's worker, and runs its `auto_complete_config` in a throw-away
+    worker. A Python-based backend (`<backend-directory>/<name>/model.py`) has a `shared_model_file`
+    run for every model using it. And a tensor backend whose model asks for worker-process instances
+    (INSTANCE_PROCESS, `host` "backend"): the server knows it only by name
+    (`naiad.runtime.placement.WorkerHostedBackend`) and its workers load it, so the framework is never
+    imported in the server.
     """
 
     name: str
     kind: Literal["process"]
+    host: Literal["python", "backend"]
     shared_model_file: Path | None
 
 
-# What the registry finds by name; `kind` tells which of the three it is.
+# What the server uses a model's backend through; `kind` tells which of the three it is.
 Backend = TensorBackend | RequestBackend | ProcessBackend

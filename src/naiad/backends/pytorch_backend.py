@@ -161,9 +161,29 @@ def _load(source: ModelSource, device: str | None) -> _Loaded:
     return _load_torchscript(path, device)
 
 
+def _model_inputs(config: mc.ModelConfig) -> list[mc.ModelInput]:
+    """The config's inputs, then the tensors the sequence batcher adds: control inputs, implicit-state inputs."""
+    inputs = list(config.input)
+    sequence = config.sequence_batching
+    for control_input in sequence.control_input:
+        controls = list(control_input.control)
+        corrid = [c for c in controls if c.kind == mc.ModelSequenceBatching.Control.CONTROL_SEQUENCE_CORRID]
+        data_type = corrid[0].data_type if corrid else mc.TYPE_FP32  # a flag's dtype matters to the model only
+        inputs.append(mc.ModelInput(name=control_input.name, data_type=data_type))
+    inputs += [mc.ModelInput(name=s.input_name, data_type=s.data_type, dims=s.dims) for s in sequence.state]
+    return inputs
+
+
+def _model_outputs(config: mc.ModelConfig) -> list[mc.ModelOutput]:
+    """The config's outputs, then the implicit-state outputs the sequence batcher asks for."""
+    states = [mc.ModelOutput(name=s.output_name, data_type=s.data_type, dims=s.dims)
+              for s in config.sequence_batching.state]
+    return list(config.output) + states
+
+
 def _input_order(config: mc.ModelConfig, loaded: _Loaded) -> list[str]:
-    """Config input names in forward() argument order, by Triton's rules (names, `__<i>`, config order)."""
-    names = [t.name for t in config.input]
+    """Input names in forward() argument order, by Triton's rules (names, `__<i>`, config order)."""
+    names = [t.name for t in _model_inputs(config)]
     args = loaded.arg_names
     if args is not None and set(names) <= set(args):
         positions = {name: args.index(name) for name in names}
@@ -198,7 +218,7 @@ def _input_order(config: mc.ModelConfig, loaded: _Loaded) -> list[str]:
 
 
 def _output_indices(config: mc.ModelConfig) -> dict[str, int]:
-    names = [t.name for t in config.output]
+    names = [t.name for t in _model_outputs(config)]
     if names and all(_INDEXED_NAME.match(n) for n in names):
         return {n: int(_INDEXED_NAME.match(n).group(1)) for n in names}  # type: ignore[union-attr]
     return {n: i for i, n in enumerate(names)}
@@ -279,10 +299,11 @@ class PyTorchInstance:
         self._release = release
         self._input_device = device if device is not None else "cpu"
         self._dict_input = loaded.dict_input
-        self._inputs = [t.name for t in config.input] if loaded.dict_input else _input_order(config, loaded)
-        self._string_inputs = {t.name for t in config.input if t.data_type == mc.TYPE_STRING}
+        inputs = _model_inputs(config)
+        self._inputs = [t.name for t in inputs] if loaded.dict_input else _input_order(config, loaded)
+        self._string_inputs = {t.name for t in inputs if t.data_type == mc.TYPE_STRING}
         self._output_index = _output_indices(config)
-        self._outputs = {t.name: t for t in config.output}
+        self._outputs = {t.name: t for t in _model_outputs(config)}
         self._batching = config.max_batch_size > 0
         self._inference_mode = parse_bool(parameter(config, "INFERENCE_MODE"), default=True)
         self._optimize = not parse_bool(parameter(config, "DISABLE_OPTIMIZED_EXECUTION"))

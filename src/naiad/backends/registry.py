@@ -56,28 +56,16 @@ class BackendRegistry:
 
     def get(self, name: str, backend_directory: str | None = None) -> Backend:
         """The backend called `name`; an unknown name may be a Python-based backend in `backend_directory`."""
-        if name in _YIELDS_TO_BACKEND_DIRECTORY:
-            shared = python_based_model_file(name, backend_directory)
-            if shared is not None:
-                return self._python_based_backend(name, shared)
-        if name in self._backends:
-            return self._backends[name]
-        target = _BUILTIN.get(name)
-        if target is None:
-            for ep in entry_points(group="naiad.backends"):
-                if ep.name == name:
-                    target = ep.value
-                    break
-        if target is None:
-            shared = python_based_model_file(name, backend_directory)
-            if shared is not None:
-                return self._python_based_backend(name, shared)
-            where = f" and there is no '{Path(backend_directory) / name / 'model.py'}'" if backend_directory else ""
-            raise BackendUnavailable(
-                f"unable to find backend '{name}': no built-in or installed backend has this name{where}{instead(name)}"
-            )
+        loaded = self._backends.get(name)
+        if loaded is not None and name not in _YIELDS_TO_BACKEND_DIRECTORY:
+            return loaded
+        found = self._find(name, backend_directory)
+        if isinstance(found, Path):
+            return self._python_based_backend(name, found)
+        if loaded is not None:
+            return loaded
         try:
-            backend = _load(target)
+            backend = _load(found)
         except ImportError as exc:
             raise BackendUnavailable(
                 f"backend '{name}' needs a package that is not installed ({exc}); install the matching extra, "
@@ -85,6 +73,34 @@ class BackendRegistry:
             ) from None
         self._backends[name] = backend
         return backend
+
+    def runs_python_models(self, name: str, backend_directory: str | None = None) -> bool:
+        """Whether `name` is the Python backend or a Python-based one, told without importing any framework."""
+        try:
+            found = self._find(name, backend_directory)
+        except BackendUnavailable:
+            return False
+        return isinstance(found, Path) or found == _BUILTIN["python"]
+
+    def _find(self, name: str, backend_directory: str | None) -> str | Path:
+        """Where the backend is: its "module:class" (not imported yet), or the shared model.py of a Python-based one."""
+        if name in _YIELDS_TO_BACKEND_DIRECTORY:
+            shared = python_based_model_file(name, backend_directory)
+            if shared is not None:
+                return shared
+        target = _BUILTIN.get(name)
+        if target is None:
+            for ep in entry_points(group="naiad.backends"):
+                if ep.name == name:
+                    return str(ep.value)
+            shared = python_based_model_file(name, backend_directory)
+            if shared is not None:
+                return shared
+            where = f" and there is no '{Path(backend_directory) / name / 'model.py'}'" if backend_directory else ""
+            raise BackendUnavailable(
+                f"unable to find backend '{name}': no built-in or installed backend has this name{where}{instead(name)}"
+            )
+        return target
 
     def _python_based_backend(self, name: str, model_file: Path) -> Backend:
         key = (name, model_file)

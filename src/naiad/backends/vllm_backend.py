@@ -27,6 +27,7 @@ from naiad.backends.base import (
     ChatTemplate,
     InProcessRequestInstance,
     InstanceSpec,
+    MetricsRegistry,
     ModelSource,
     ResponseCallback,
 )
@@ -283,7 +284,7 @@ class VllmBackend:
         adapter = await loop.run_in_executor(None, VllmAdapter.from_settings, settings, report)
         await adapter.load_tokenizer()
         labels = {"model": config.name, "version": str(source.version)}
-        metrics = getattr(source.server, "metrics", None)
+        metrics = source.server.metrics if source.server is not None else None
         return VllmInstance(spec.name, adapter, config.name, labels=labels, metrics=metrics)
 
 
@@ -297,7 +298,7 @@ class VllmInstance(InProcessRequestInstance):
     With the adapter's stats (REPORT_CUSTOM_METRICS), the `vllm:*` families join the server's metrics."""
 
     def __init__(self, name: str, adapter: VllmAdapter, model: str, poll_secs: float = CANCEL_POLL_SECS,
-                 labels: dict[str, str] | None = None, metrics: Any = None) -> None:
+                 labels: dict[str, str] | None = None, metrics: MetricsRegistry | None = None) -> None:
         self.name = name
         self.adapter = adapter
         self.model = model
@@ -305,7 +306,7 @@ class VllmInstance(InProcessRequestInstance):
         self._active: dict[str, tuple[asyncio.Task, Callable[[], bool], Callable[[SequenceOutput], None]]] = {}
         self._watcher: asyncio.Task | None = None
         self._labels = labels or {"model": model, "version": "1"}
-        providers = getattr(metrics, "extra_families", None)
+        providers = metrics.extra_families if metrics is not None else None
         self._providers: list[Callable[[], list[Any]]] | None = providers if adapter.stats is not None else None
         if self._providers is not None:
             self._providers.append(self._families)

@@ -5,10 +5,13 @@ these protocols only, never on the `Server` class or the modules behind it (an i
 contract in pyproject.toml holds that seam). Arguments and results are protocol types
 (`InferenceRequest`, `InferenceResponse`, `NaiadError`), dicts, lists and strings, which pickle,
 and the `ModelConfig` protobuf, which crosses a process boundary as its serialized bytes: values a
-frontend in another process can be handed as well.
+frontend in another process can be handed as well. The one exception is a `ResolvedModel`, a
+handle on a loaded model that stays in the process that resolved it.
 
 - `InferenceAPI`: run requests. Shared-memory references in a request are resolved by the core,
-  inputs and outputs alike: a frontend only decodes the reference.
+  inputs and outputs alike: a frontend only decodes the reference. A frontend that must know the
+  model to decode a request (generate, a raw binary body, the OpenAI API) resolves it first and
+  hands the `ResolvedModel` to `infer`/`stream`: one model lookup per request on every path.
 - `ModelControlAPI`: health and readiness, the repository index, load and unload.
 - `ServerInfoAPI`: server and model metadata, model configs, statistics, metrics, log and trace settings.
 - `SharedMemoryAPI`: the regions clients register for tensors (their own API group in Triton).
@@ -16,7 +19,8 @@ frontend in another process can be handed as well.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -30,14 +34,65 @@ from naiad.protocol.types import InferenceRequest, InferenceResponse
 StreamItem = tuple[InferenceResponse | NaiadError | None, bool]
 
 
+@dataclass(frozen=True, slots=True)
+class TensorMetadata:
+    """An input or output as model metadata reports it: the shape holds -1 for the batch dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+
+class ResolvedModel(Protocol):
+    """The model version one request runs on, looked up once (`InferenceAPI.resolve`).
+
+    A frontend decodes the request against these views, then passes the handle to `infer` or
+    `stream`, which run on that version without looking it up again. A handle whose version was
+    unloaded or replaced in between is looked up again there, so the request gets the answer it
+    would have got without one (NOT_FOUND, or a load with --load-on-demand). A handle belongs to
+    the process that resolved it: it does not cross to a frontend worker.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str:
+        """The version number resolved (the newest ready one when the request named none)."""
+        ...
+
+    @property
+    def decoupled(self) -> bool: ...
+
+    @property
+    def config(self) -> mc.ModelConfig: ...
+
+    @property
+    def inputs(self) -> Sequence[TensorMetadata]: ...
+
+    @property
+    def outputs(self) -> Sequence[TensorMetadata]: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
+        """The prompt the model's tokenizer template makes of `messages`; None when it has no template."""
+        ...
+
+
 class InferenceAPI(Protocol):
     """Runs inference requests on loaded models."""
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
-        """One request, one response; a decoupled model raises DecoupledModelError (use `stream`)."""
+    async def resolve(self, name: str, version: str = "") -> ResolvedModel:
+        """The model (version) a request names, for a frontend that decodes against it; raises what
+        `infer` would (server not ready, unknown model). With --load-on-demand it loads the model."""
         ...
 
-    def stream(self, request: InferenceRequest, errors_inline: bool = False) -> AsyncIterator[StreamItem]:
+    async def infer(self, request: InferenceRequest, resolved: ResolvedModel | None = None) -> InferenceResponse:
+        """One request, one response; a decoupled model raises DecoupledModelError (use `stream`).
+        `resolved`: the handle `resolve` gave for this request's model, to run on without a second lookup."""
+        ...
+
+    def stream(self, request: InferenceRequest, errors_inline: bool = False,
+               resolved: ResolvedModel | None = None) -> AsyncIterator[StreamItem]:
         """Every response of a request, decoupled or not. An error response raises and ends the
         stream, unless `errors_inline`: then it is yielded and later responses follow."""
         ...
@@ -46,12 +101,6 @@ class InferenceAPI(Protocol):
         """Raise what `infer` would for a model (version) it cannot serve (unknown: NOT_FOUND).
         Frontends call it when a request fails to decode, so that an unknown model is a 404 whatever
         the body holds, without a second model lookup on requests that decode."""
-        ...
-
-    def is_decoupled(self, name: str, version: str = "") -> bool: ...
-
-    def apply_chat_template(self, name: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
-        """The prompt a chat model's tokenizer template makes of `messages`; None when it has no template."""
         ...
 
 

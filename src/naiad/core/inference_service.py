@@ -1,4 +1,4 @@
-"""The inference interface: one lookup, validation (shared-memory inputs read here), cache, scheduler, statistics."""
+"""The inference interface: one lookup (or a resolved handle), validation (shared-memory inputs read here), cache, scheduler, statistics."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from functools import partial
-from typing import Any
 
 from naiad.backends.base import BackendResponse
 from naiad.config.server_config import ServerConfig
-from naiad.core.facade import StreamItem
+from naiad.core.facade import ResolvedModel, StreamItem
 from naiad.core.model_lifecycle import ModelLifecycle
 from naiad.core.model_version import ModelVersion
 from naiad.core.request_validation import validate_request
+from naiad.core.resolved_model import ResolvedVersion
 from naiad.core.response_builder import build_response
 from naiad.core.response_cache import ResponseCache, cache_key
 from naiad.core.server_observability import failure_reason, start_trace
@@ -42,12 +42,19 @@ class InferenceService:
 
     # ------------------------------------------------------------ one request, one response
 
-    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+    async def resolve(self, name: str, version: str = "") -> ResolvedModel:
+        """The version a request on `name` would run on (loaded first with --load-on-demand)."""
+        self._state.check_serving()
+        return ResolvedVersion(await self._serving_version(name, version, 0))
+
+    async def infer(self, request: InferenceRequest, resolved: ResolvedModel | None = None) -> InferenceResponse:
         """One request, one response. Decoupled models are refused (use stream)."""
         state = self._state
         if state.exiting or not state.live:
             raise unavailable("Server not ready")
-        model = await self._serving_version(request)
+        model = _current(resolved, request) if resolved is not None else None
+        if model is None:
+            model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
         if model.decoupled:
             raise DecoupledModelError(model.name)
         item = validate_request(model, request, self._shm)
@@ -110,7 +117,8 @@ class InferenceService:
 
     # ------------------------------------------------------------ any number of responses
 
-    async def stream(self, request: InferenceRequest, errors_inline: bool = False) -> AsyncIterator[StreamItem]:
+    async def stream(self, request: InferenceRequest, errors_inline: bool = False,
+                     resolved: ResolvedModel | None = None) -> AsyncIterator[StreamItem]:
         """Every response of a request as (response, is_final); (None, True) is a flag-only final.
 
         Works for decoupled models (zero or more responses) and others (exactly one). An error
@@ -118,7 +126,9 @@ class InferenceService:
         as (NaiadError, is_final) and later responses follow, as Triton streams them.
         """
         self._state.check_serving()
-        model = await self._serving_version(request)
+        model = _current(resolved, request) if resolved is not None else None
+        if model is None:
+            model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
         item = validate_request(model, request, self._shm)
         item.request = request
         item.stream = asyncio.Queue()
@@ -182,41 +192,36 @@ class InferenceService:
             if not (self._config.load_on_demand and exc.code is ErrorCode.NOT_FOUND and name in self._models.scan()[0]):
                 raise
 
-    def is_decoupled(self, name: str, version: str = "") -> bool:
-        return self._models.lookup(name, version).decoupled
-
-    def apply_chat_template(self, name: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
-        return self._models.lookup(name).apply_chat_template(messages, add_generation_prompt)
-
     # ------------------------------------------------------------ the model a request runs on
 
-    async def _serving_version(self, request: InferenceRequest) -> ModelVersion:
-        """The version to run; with --load-on-demand an unloaded repository model is loaded first."""
+    async def _serving_version(self, name: str, version: str, timeout_us: int) -> ModelVersion:
+        """The version to run; with --load-on-demand an unloaded repository model is loaded first
+        (waiting at most `timeout_us`, 0: as long as the load takes)."""
         models = self._models
         try:
-            return models.lookup(request.model_name, request.model_version)
+            return models.lookup(name, version)
         except NaiadError as exc:
             if not (self._config.load_on_demand and exc.code is ErrorCode.NOT_FOUND):
                 raise
-            if request.model_name not in models.scan()[0]:
+            if name not in models.scan()[0]:
                 raise
         # The load is a task of its own: a request that times out (or is cancelled) stops waiting
         # for it, but must not cancel a load other requests and the repository index depend on.
         # The hold keeps eviction off the model until this request runs on it (no await between).
         residency = models.residency
-        residency.hold(request.model_name)
+        residency.hold(name)
         try:
-            load = asyncio.ensure_future(models.load(request.model_name))
+            load = asyncio.ensure_future(models.load(name))
             load.add_done_callback(lambda task: task.cancelled() or task.exception())
             try:
-                await asyncio.wait_for(asyncio.shield(load), request.timeout_us / 1e6 if request.timeout_us else None)
+                await asyncio.wait_for(asyncio.shield(load), timeout_us / 1e6 if timeout_us else None)
             except TimeoutError:
-                raise unavailable(f"model '{request.model_name}' did not finish loading within the request timeout") from None
+                raise unavailable(f"model '{name}' did not finish loading within the request timeout") from None
             except NaiadError as exc:
-                raise unavailable(f"model '{request.model_name}' failed to load on demand: {exc.message.strip()}") from None
-            return models.lookup(request.model_name, request.model_version)
+                raise unavailable(f"model '{name}' failed to load on demand: {exc.message.strip()}") from None
+            return models.lookup(name, version)
         finally:
-            residency.release(request.model_name)
+            residency.release(name)
 
     def _begin_request(self, model_name: str) -> None:
         state = self._state
@@ -230,6 +235,13 @@ class InferenceService:
         state.inflight -= 1
         if state.inflight == 0:
             state.idle.set()
+
+
+def _current(resolved: ResolvedModel, request: InferenceRequest) -> ModelVersion | None:
+    """The version a handle holds, if it still serves; None: look the request's model up again."""
+    if not isinstance(resolved, ResolvedVersion) or resolved.name != request.model_name:
+        raise internal(f"the model handle passed with a request for '{request.model_name}' was not resolved for it")
+    return resolved.current()
 
 
 def _stream_refused(item: WorkItem, task: asyncio.Task[BackendResponse]) -> None:

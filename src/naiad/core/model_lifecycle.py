@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ServerServices
+from naiad.backends.base import PoolInstance, ServerServices
 from naiad.backends.registry import BackendRegistry
 from naiad.config.ensemble import apply_decoupled_steps, composing_models
 from naiad.config.model_config import ConfigError, ConfigReadError
@@ -37,7 +37,6 @@ from naiad.repository.catalog import ModelLocation, RepositoryCatalog
 from naiad.repository.local import version_directories
 from naiad.runtime.memory import release_free_memory, rss_bytes
 from naiad.runtime.placement import start_instance
-from naiad.runtime.thread_instance import PoolInstance
 from naiad.scheduling.rate_limiter import RateLimiter
 
 log = logging.getLogger("naiad.lifecycle")
@@ -346,6 +345,8 @@ class ModelLifecycle:
             if version not in states and previous.model is not None:
                 states[version] = VersionState(UNAVAILABLE, "unloaded")
         record.versions = states
+        for retired in old.values():
+            retired.retired = True  # handles resolved on it are looked up again (ResolvedModel)
         record.fingerprint = fingerprint
         record.config_override = config_override
         if record.override_dir is not None and record.override_dir != model_dir and files:
@@ -472,6 +473,8 @@ class ModelLifecycle:
             serving = {v: s for v, s in record.versions.items() if s.model is not None}
             for state in serving.values():
                 state.state = UNLOADING
+                if state.model is not None:
+                    state.model.retired = True
             await asyncio.gather(*(self._retire(s.model) for s in serving.values() if s.model is not None))
             for version in record.versions:
                 record.versions[version] = VersionState(UNAVAILABLE, reason)

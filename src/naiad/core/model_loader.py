@@ -28,7 +28,7 @@ from naiad.config.server_config import ServerConfig
 from naiad.config.validation import validate_config, validate_read
 from naiad.repository.local import config_file, version_directories
 from naiad.runtime.devices import gpu_count
-from naiad.runtime.placement import auto_complete_config, shared_model_file
+from naiad.runtime.placement import auto_complete_config, backend_for, shared_model_file
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def prepare_model(
 
 def _backend(config: mc.ModelConfig, settings: ServerConfig, backends: BackendRegistry) -> Backend:
     try:
-        return backends.get(config.backend, settings.backend_directory)
+        return backend_for(backends, config, settings.backend_directory)
     except BackendUnavailable as exc:
         raise ConfigError(str(exc)) from None
 

@@ -10,15 +10,16 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ChatTemplate, ServerServices
+from naiad.backends.base import ChatTemplate, PoolInstance, ServerServices
 from naiad.config.inline_settings import inline_settings
 from naiad.config.model_config import datatype_name, scheduler_kind
+from naiad.core.facade import TensorMetadata
 from naiad.core.model_loader import instance_specs
 from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
-from naiad.runtime.thread_instance import InstancePool, PoolInstance
+from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
 from naiad.scheduling.dynamic_batcher import DynamicBatcher
@@ -81,7 +82,7 @@ class ModelVersion:
         rate_limiter: RateLimiter | None = None, summary_quantiles: tuple[tuple[float, float], ...] | None = None,
     ) -> None:
         self.config = config
-        self.name = config.name
+        self.name: str = config.name
         self.version = version
         self.version_str = str(version)
         self.max_batch_size = config.max_batch_size
@@ -97,6 +98,12 @@ class ModelVersion:
             for t in config.output
         }
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
+        # What model metadata reports and frontends decode against (-1 leads the shape of a batching model).
+        batch = (-1,) if config.max_batch_size > 0 else ()
+        self.input_metadata = tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in self.inputs.values())
+        self.output_metadata = tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in self.outputs.values())
+        # Set (on the loop) the moment routing stops sending requests here: unloaded, replaced or evicted.
+        self.retired = False
         self._model_dir = model_dir
         self.memory_bytes = 0  # measured at load time
         self.stats = ModelStatistics(

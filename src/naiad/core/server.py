@@ -185,12 +185,6 @@ class Server:
     def check_servable(self, name: str, version: str = "") -> None:
         self.inference.check_servable(name, version)
 
-    def is_decoupled(self, name: str, version: str = "") -> bool:
-        return self.inference.is_decoupled(name, version)
-
-    def apply_chat_template(self, name: str, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
-        return self.inference.apply_chat_template(name, messages, add_generation_prompt)
-
     def is_live(self) -> bool:
         return self.control.is_live()
 

@@ -54,7 +54,6 @@ class ServerInfoService:
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         model = self._models.lookup(name, version)
         config = model.config
-        batch = (-1,) if config.max_batch_size > 0 else ()
         if version:
             versions = [model.version_str]
         else:
@@ -63,8 +62,8 @@ class ServerInfoService:
             "name": name,
             "versions": versions,
             "platform": config.platform or config.backend,
-            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(batch + t.dims)} for t in model.inputs.values()],
-            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(batch + t.dims)} for t in model.outputs.values()],
+            "inputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in model.input_metadata],
+            "outputs": [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in model.output_metadata],
         }
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:

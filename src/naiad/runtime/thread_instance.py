@@ -8,22 +8,23 @@ import concurrent.futures
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
-from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, RequestModelInstance
+from naiad.backends.base import ChatTemplate, ExecutionBatch, ModelInstance, PoolInstance
 from naiad.runtime.removable_queue import RemovableQueue
 
 
 class ThreadInstance:
-    """A ModelInstance plus the single thread it executes on (one batch at a time): the thread adapter
-    of the Instance protocol (naiad.backends.base.Instance).
+    """A ModelInstance plus the single thread it executes on (one batch at a time): the thread adapter,
+    a TensorInstance (naiad.backends.base).
 
     The scheduler chooses, per execution, between this thread (`execute()`) and the caller's
     thread (`execute_inline()`): see `InlinePolicy` in naiad/scheduling/execution_policy.py.
     """
 
+    executes: Final = "tensors"
     tracks_unfinished = True
     in_worker_process = False
     pid = 0
@@ -69,6 +70,9 @@ class ThreadInstance:
     def queued(self) -> int:
         return 0
 
+    def restarts(self) -> int:
+        return 0  # the thread's model lives as long as the instance
+
     def memory_bytes(self) -> int:
         return 0  # the model lives in the server process, measured with it
 
@@ -86,13 +90,8 @@ class ThreadInstance:
         self.close()
 
 
-# What a pool hands out: both are Instances; a thread-run tensor instance executes batches of tensors, a
-# request-level one (worker processes, LLM engines) whole requests.
-PoolInstance = ThreadInstance | RequestModelInstance
-
-
 class InstancePool:
-    """The instances of one model version (thread-run or request-level); idle ones are handed out first-come.
+    """The instances of one model version (tensor or request-level); idle ones are handed out first-come.
 
     A caller may ask for one particular instance (the sequence batcher keeps each sequence on the
     instance it started on); such callers are served before those taking any instance. A waiter

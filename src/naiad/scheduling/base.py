@@ -17,12 +17,14 @@ from naiad.backends.base import (
     ExecutionBatch,
     ExecutionOutcome,
     ExecutionTiming,
+    PoolInstance,
     RequestModelInstance,
+    TensorInstance,
 )
 from naiad.observability.statistics import ModelStatistics
 from naiad.protocol.errors import NaiadError, internal
 from naiad.protocol.types import InferenceRequest
-from naiad.runtime.thread_instance import InstancePool, ThreadInstance
+from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.execution_policy import InlinePolicy
 
 # (input name, dtype, non-batch shape) of every input, sorted by name.
@@ -80,9 +82,6 @@ class WorkItem:
         self.future.cancel()
 
 
-Instance = ThreadInstance | RequestModelInstance
-
-
 class Scheduler(Protocol):
     async def enqueue(self, item: WorkItem) -> BackendResponse: ...
 
@@ -109,7 +108,7 @@ def can_join(first: WorkItem, other: WorkItem) -> bool:
     return _batch_signature(first) == _batch_signature(other)
 
 
-async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+async def run_batch(pool: InstancePool, instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
                     inline: InlinePolicy) -> None:
     """Execute items on an instance acquired from pool; the pool gets it back when the execution has ended.
 
@@ -142,13 +141,14 @@ async def run_batch(pool: InstancePool, instance: Instance, items: list[WorkItem
     pool.release(instance)
 
 
-async def execute_batch(instance: Instance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+async def execute_batch(instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
                         inline: InlinePolicy) -> None:
     """Run items as one execution; every item gets its response(s) or the execution's error.
 
-    A tensor instance's execution runs on its thread or, when `inline` says so, on the event loop.
+    The instance declares how it executes (`executes`): a tensor instance's batch runs on its thread
+    or, when `inline` says so, on the event loop; a request-level instance takes the requests.
     """
-    if isinstance(instance, ThreadInstance):
+    if instance.executes == "tensors":
         await _execute_tensor_batch(instance, items, batching, stats, inline)
     else:
         await _execute_requests(instance, items, batching, stats)
@@ -205,7 +205,7 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
         count(outcome or (start, end))
 
 
-async def _execute_tensor_batch(instance: ThreadInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
                                 inline: InlinePolicy) -> None:
     start = time.perf_counter_ns()
     for item in items:

@@ -6,9 +6,9 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from naiad.backends.base import BackendResponse
+from naiad.backends.base import BackendResponse, PoolInstance
 from naiad.observability.statistics import ModelStatistics
-from naiad.runtime.thread_instance import InstancePool, PoolInstance
+from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import WorkItem, run_batch
 from naiad.scheduling.execution_policy import InlinePolicy
 

@@ -1,6 +1,6 @@
 """Where and when a request executes: the inline policy and the zero-delay policy every scheduler follows.
 
-Inline execution. A tensor instance (`ThreadInstance`) normally executes on its own thread, so a
+Inline execution. A tensor instance (`TensorInstance`: a ThreadInstance) normally executes on its own thread, so a
 framework call never blocks the event loop. Handing a batch to that thread and back costs the loop
 tens of microseconds (31-37 us per round trip measured on a 2-core x86 host, more on a busy loop),
 which for a small model is more than the execution itself. So a model version whose executions

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from naiad.backends.base import PoolInstance
 from naiad.runtime.removable_queue import RemovableQueue
-from naiad.runtime.thread_instance import InstancePool, PoolInstance
+from naiad.runtime.thread_instance import InstancePool
 
 RATE_LIMIT_MODES = ("off", "execution_count")
 

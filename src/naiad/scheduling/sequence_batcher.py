@@ -55,6 +55,7 @@ class _Sequence:
     queue: RemovableQueue[WorkItem] = field(default_factory=RemovableQueue)
     busy: bool = False
     started: bool = False
+    restarts: int = 0  # its instance's restarts() when the sequence first executed there
     last_seen: float = field(default_factory=time.monotonic)
     state: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -290,9 +291,15 @@ class SequenceBatcher:
         while True:
             ready = await self._wait_for_batch(index)
             items = []
+            restarts = self._instances[index].restarts()
             for sequence in ready:
                 item = sequence.queue.popleft()
                 if item.future.done():
+                    continue
+                if not sequence.started:
+                    sequence.restarts = restarts
+                elif sequence.restarts != restarts:
+                    self._lose(sequence, item)
                     continue
                 try:
                     self._decorate(sequence, item)
@@ -314,6 +321,19 @@ class SequenceBatcher:
                     self._after(sequence, item)
                 else:  # answered later (an async execute): the sequence's next request waits for this answer
                     item.future.add_done_callback(functools.partial(self._answered, sequence, item))
+
+    def _lose(self, sequence: _Sequence, item: WorkItem) -> None:
+        """The sequence's instance lost all it held since the sequence started there (its worker process died):
+        the sequence cannot go on; this request and those queued behind it fail, and the sequence ends."""
+        instance = self._instances[sequence.instance].name
+        error = internal(
+            f"inference request for sequence {sequence.correlation_id} to model '{self._name}' cannot continue the "
+            f"sequence: the worker process of model instance '{instance}' died, and what the model held of the "
+            "sequence with it; start the sequence again with the START flag")
+        item.fail(error)
+        while sequence.queue:
+            sequence.queue.popleft().fail(error)
+        self._release(sequence)
 
     def _pad_slots(self, index: int, items: list[tuple[_Sequence, WorkItem]]) -> list[WorkItem]:
         """Direct strategy: one batch row per slot up to the highest slot in use; empty slots padded.

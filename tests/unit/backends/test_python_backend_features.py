@@ -33,7 +33,7 @@ import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
     def execute(self, requests):
-        time.sleep(0.05)
+        time.sleep(0.05)  # an execution long enough for requests to queue behind it
         count = np.array([[len(requests)]], dtype=np.int32)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("COUNT", count)]) for _ in requests]
 """

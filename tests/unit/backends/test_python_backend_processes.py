@@ -42,7 +42,7 @@ class TritonPythonModel:
         met = False
         while time.monotonic() < deadline and not met:
             met = any(name != str(os.getpid()) for name in os.listdir(self.dir))
-            time.sleep(0.005)
+            time.sleep(0.005)  # model code in its worker process: polls for the other instance's marker
         value = np.array([os.getpid() if met else -os.getpid()], dtype=np.int64)
         return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", value)]) for _ in requests]
 """

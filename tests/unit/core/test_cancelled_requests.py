@@ -48,7 +48,7 @@ class TritonPythonModel:
             deadline = time.monotonic() + seconds
             while time.monotonic() < deadline:
                 cancelled = cancelled or request.is_cancelled()
-                time.sleep(0.02)
+                time.sleep(0.02)  # model code: an execution of `seconds` that checks for cancellation
             self.saw_cancelled += int(cancelled)
             seen = np.array([[self.saw_cancelled]], dtype=np.int32)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SAW_CANCELLED", seen)]))

@@ -1,7 +1,6 @@
 """On-demand loading, idle unloading and the memory budget (measured, LRU, pinned models kept)."""
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import naiad
 from naiad.protocol.errors import NaiadError
 from naiad.runtime.memory import parse_size
 from tests.support.onnx_models import add_sub_model
+from tests.support.waiting import wait_until
 
 
 def _infer(srv, name):
@@ -53,9 +53,7 @@ def test_idle_models_are_unloaded_and_reloaded_on_demand(tmp_path):
     with naiad.Server(model_repository=str(tmp_path), model_control_mode="explicit", load_on_demand=True,
                       load_models=["pinned"], model_idle_unload_secs=0.2) as srv:
         assert _infer(srv, "idle") == 2
-        deadline = time.monotonic() + 10
-        while _state(srv, "idle")["state"] != "UNAVAILABLE" and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: _state(srv, "idle")["state"] == "UNAVAILABLE", "the idle model to be evicted", timeout=10)
         assert _state(srv, "idle") == {"name": "idle", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded (evicted: idle)"}
         assert _state(srv, "pinned")["state"] == "READY"  # pinned by --load-model
         assert srv.is_ready()  # evicted models do not make the server unready

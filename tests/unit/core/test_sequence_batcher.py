@@ -10,6 +10,7 @@ import naiad
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput
 from tests.support.onnx_models import accumulator_model
+from tests.support.waiting import wait_until
 
 
 def _send(srv, value, cid, start=False, end=False, model="accumulator"):
@@ -58,7 +59,8 @@ def test_idle_sequences_are_released(tmp_path):
     accumulator_model(tmp_path, idle_us=100_000)
     with naiad.Server(model_repository=str(tmp_path)) as srv:
         _send(srv, 1, 7, start=True)
-        time.sleep(0.6)  # six idle timeouts with no request for sequence 7
+        scheduler = srv.models.lookup("accumulator").scheduler
+        wait_until(lambda: 7 not in scheduler._sequences, "sequence 7 to be released as idle", timeout=10)
         with pytest.raises(NaiadError) as err:
             _send(srv, 1, 7)
         assert "START flag" in err.value.message
@@ -78,7 +80,9 @@ def test_oldest_strategy_waits_the_delay_from_its_oldest_request(tmp_path):
 
         start = time.perf_counter()
         first = send(1, 21)
-        time.sleep(0.1)  # the second request arrives while the first waits for company
+        # the second request arrives while the first waits for company
+        scheduler = srv.models.lookup("accumulator").scheduler
+        wait_until(lambda: scheduler.pending() == 1, "the first request to wait in the batcher", timeout=10)
         second = send(2, 22)
         assert first.result(10).output("OUTPUT").data[0, 0] == 1
         waited = time.perf_counter() - start

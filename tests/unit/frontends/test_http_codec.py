@@ -21,38 +21,29 @@ from naiad.frontends.http.infer_codec import (
     encode_infer_response,
     parse_header_length,
 )
+from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.protocol.errors import NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor
 
 
-class _Server:
-    """Only what the codec touches: info.model_config (raw requests)."""
+class _Resolved:
+    """Only what the raw-body decoder reads of a resolved model: its config."""
 
-    def __init__(self) -> None:
-        self.info = self
-        self.configs = {}
-        cfg = mc.ModelConfig(name="batched", max_batch_size=4)
-        cfg.input.add(name="X", data_type=mc.TYPE_INT16, dims=[2, -1])
-        self.configs["batched"] = cfg
-        cfg = mc.ModelConfig(name="flat", max_batch_size=0)
-        cfg.input.add(name="X", data_type=mc.TYPE_FP64, dims=[-1])
-        self.configs["flat"] = cfg
-        cfg = mc.ModelConfig(name="two_vars", max_batch_size=0)
-        cfg.input.add(name="X", data_type=mc.TYPE_FP32, dims=[-1, -1])
-        self.configs["two_vars"] = cfg
-
-    def model_config(self, name, version=""):
-        return self.configs[name]
+    def __init__(self, config: mc.ModelConfig) -> None:
+        self.config = config
 
 
-SERVER = _Server()
+def _raw_model(name: str, max_batch_size: int, datatype: int, dims: list[int]) -> _Resolved:
+    config = mc.ModelConfig(name=name, max_batch_size=max_batch_size)
+    config.input.add(name="X", data_type=datatype, dims=dims)
+    return _Resolved(config)
 
 
 def decode(doc: dict, binary: bytes = b"", model: str = "m"):
     header = orjson.dumps(doc)
     if binary:
-        return decode_infer_request(SERVER, model, "", header + binary, len(header))
-    return decode_infer_request(SERVER, model, "3", header, None)
+        return decode_infer_request(model, "", header + binary, len(header))
+    return decode_infer_request(model, "3", header, None)
 
 
 def test_header_length_parsing():
@@ -143,16 +134,16 @@ def test_out_of_range_parameters_refused():
                    b'{"custom": null}', b'{"custom": [1]}'):
         body = b'{"inputs": [], "parameters": ' + params + b"}"
         with pytest.raises(NaiadError) as info:
-            decode_infer_request(SERVER, "m", "", body, None)
+            decode_infer_request("m", "", body, None)
         assert info.value.code.http_status == 400
     # as Triton's JSON parser: a custom integer past int64 is a double
-    request, _ = decode_infer_request(SERVER, "m", "", b'{"inputs": [], "parameters": {"custom": 9223372036854775808}}', None)
+    request, _ = decode_infer_request("m", "", b'{"inputs": [], "parameters": {"custom": 9223372036854775808}}', None)
     assert request.parameters == {"custom": 9.223372036854776e18} and isinstance(request.parameters["custom"], float)
 
 
 def test_integer_parameter_outside_int64_is_a_double():
     body = b'{"inputs": [], "parameters": {"custom": 9223372036854775808, "small": -9223372036854775809}}'
-    request, _ = decode_infer_request(SERVER, "m", "", body, None)
+    request, _ = decode_infer_request("m", "", body, None)
     assert request.parameters == {"custom": 9223372036854775808.0, "small": -9223372036854775809.0}
     assert all(type(v) is float for v in request.parameters.values())
 
@@ -177,17 +168,17 @@ def test_binary_size_must_match_shape_before_allocating():
 
 def test_raw_request_shapes():
     body = np.arange(6, dtype=np.int16).tobytes()
-    request, plan = decode_infer_request(SERVER, "batched", "", body, 0)
+    request = decode_raw_request(_raw_model("batched", 4, mc.TYPE_INT16, [2, -1]), "batched", "", body)
     (inp,) = request.inputs
     assert (inp.name, inp.datatype, inp.shape) == ("X", "INT16", (1, 2, 3))
     assert inp.data.tolist() == [[[0, 1, 2], [3, 4, 5]]]
-    assert plan.default_binary is True
-    request, _ = decode_infer_request(SERVER, "flat", "", np.ones(3).tobytes(), 0)
+    flat = _raw_model("flat", 0, mc.TYPE_FP64, [-1])
+    request = decode_raw_request(flat, "flat", "", np.ones(3).tobytes())
     assert request.inputs[0].shape == (3,)
     with pytest.raises(NaiadError, match="unexpected total byte size 5"):
-        decode_infer_request(SERVER, "flat", "", b"12345", 0)
+        decode_raw_request(flat, "flat", "", b"12345")
     with pytest.raises(NaiadError, match="more than one variable-sized dimension"):
-        decode_infer_request(SERVER, "two_vars", "", b"1234", 0)
+        decode_raw_request(_raw_model("two_vars", 0, mc.TYPE_FP32, [-1, -1]), "two_vars", "", b"1234")
 
 
 def _response(*outputs: OutputTensor, **kw) -> InferenceResponse:

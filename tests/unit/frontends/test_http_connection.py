@@ -34,10 +34,12 @@ async def _read_all(receive) -> bytes:
 
 DISCONNECTS: list[str] = []
 HANGING: list[str] = []  # /hang requests whose disconnect callback is registered
+CALLS: list[str] = []  # the path of every request the app was called for: its headers were read
 
 
 async def app(scope, receive, send) -> None:
     path = scope["path"]
+    CALLS.append(path)
     if path == "/digest":  # the body's length and sha256: checks nothing is lost or reordered
         body = await _read_all(receive)
         answer = f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
@@ -106,6 +108,12 @@ def port() -> Iterator[int]:
 
 def _exchange(port: int, data: bytes, timeout: float = 10) -> bytes:
     return raw_exchange(port, data, timeout=timeout)
+
+
+def _wait_for_call(calls_before: int, path: str) -> None:
+    """Wait until the app was called for `path` after the first `calls_before` calls: the request's
+    headers were read and its first step runs (waiting for a body sent later)."""
+    wait_until(lambda: path in CALLS[calls_before:], f"the app to be called for {path}", timeout=10)
 
 
 def test_a_body_far_above_the_read_high_water_mark_arrives_whole(port):
@@ -181,7 +189,7 @@ def _send_headers_slowly(port: int) -> bytes:
         conn.sendall(b"GET /echo HTTP/1.1\r\nHost: x\r\nX-Big: ")
         try:
             for _ in range(8):
-                time.sleep(0.01)  # separate reads: the read that starts a request is not counted
+                time.sleep(0.01)  # paces the pieces into separate reads (the read that starts a request is not counted)
                 conn.sendall(b"a" * 4096)
         except (BrokenPipeError, ConnectionResetError):
             pass
@@ -226,8 +234,9 @@ def test_a_request_that_never_waits_runs_without_a_task(port):
     assert answer.endswith(b"\r\n\r\nno task")
     # Headers first, body later: the first step waits for the body, then goes on in a task.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        before = len(CALLS)
         conn.sendall(b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
-        time.sleep(0.1)
+        _wait_for_call(before, "/task")
         conn.sendall(b"hi")
         data = b""
         while chunk := conn.recv(65536):
@@ -242,8 +251,9 @@ def test_a_pipelining_connection_does_not_hold_up_another_connection(port):
     count = 100
     flood = b"".join(b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx" for _ in range(count))
     with socket.create_connection(("127.0.0.1", port), timeout=30) as busy:
+        before = len(CALLS)
         busy.sendall(flood)
-        time.sleep(0.05)  # the flood is being served
+        _wait_for_call(before, "/slow")  # the flood is being served
         started = time.monotonic()
         single = _exchange(port, b"POST /slow HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: close\r\n\r\ny")
         single_took = time.monotonic() - started
@@ -269,8 +279,9 @@ def test_an_answered_exchange_leaves_no_reference_cycle(port):
             for payload in (b"a", b"bc"):  # answered in the first step (no task)
                 conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(payload) + payload)
                 assert conn.recv(65536).endswith(b"ok" + payload)
+            before = len(CALLS)
             conn.sendall(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n")  # body later: a task
-            time.sleep(0.05)
+            _wait_for_call(before, "/echo")
             conn.sendall(b"hi")
             assert conn.recv(65536).endswith(b"okhi")
         assert _exchange(port, b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").endswith(b"ok")
@@ -314,8 +325,9 @@ def test_an_invalid_chunk_is_answered_400(port, chunks):
     assert answer.count(b"HTTP/1.1 ") == 1 and b"connection: close" in answer.lower()
     # Headers first, the bad chunk in a later read: the app already waits for the body.
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        before = len(CALLS)
         conn.sendall(head)
-        time.sleep(0.1)
+        _wait_for_call(before, "/digest")
         conn.sendall(chunks)
         data = b""
         while chunk := conn.recv(65536):
@@ -388,7 +400,7 @@ def _send_in_pieces(port: int, payload: bytes, cuts: list[int]) -> bytes:
         for cut in sorted(set(cuts)) + [len(payload)]:
             if cut > start:
                 conn.sendall(payload[start:cut])
-                time.sleep(0.002)  # most pieces arrive as reads of their own
+                time.sleep(0.002)  # paces the pieces: most arrive as reads of their own
                 start = cut
         chunks = []
         while chunk := conn.recv(65536):

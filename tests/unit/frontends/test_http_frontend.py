@@ -53,6 +53,14 @@ class _Regions(SharedMemoryService):
         raise unsupported("CUDA shared memory is not supported")
 
 
+class _Resolved:
+    """What a frontend reads of a resolved model here: its config (raw binary bodies)."""
+
+    def __init__(self, config: mc.ModelConfig) -> None:
+        self.config = config
+        self.name = config.name
+
+
 class FakeServer:
     """Just enough of the facade: a few echo-style models, shm, repository bookkeeping."""
 
@@ -117,8 +125,8 @@ class FakeServer:
         cfg = self._cfg(name, version)
         return {"name": cfg.name, "max_batch_size": cfg.max_batch_size}
 
-    def is_decoupled(self, name: str, version: str = "") -> bool:
-        return self._cfg(name, version).model_transaction_policy.decoupled
+    async def resolve(self, name: str, version: str = "") -> _Resolved:
+        return _Resolved(self._cfg(name, version))
 
     def model_statistics(self, name: str = "", version: str = "") -> dict:
         if name:
@@ -147,7 +155,7 @@ class FakeServer:
         return dict(self.log)
 
     # -- inference
-    async def infer_async(self, request: InferenceRequest) -> InferenceResponse:
+    async def infer_async(self, request: InferenceRequest, resolved: _Resolved | None = None) -> InferenceResponse:
         self.last_request = request
         cfg = self._cfg(request.model_name, request.model_version)
         for inp in request.inputs:  # as the core does: read inputs sent by shared-memory reference

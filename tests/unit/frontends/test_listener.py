@@ -1,4 +1,5 @@
-"""HttpListener on real loopback sockets: port 0, a taken port, TLS settings refused early, stop closes the port."""
+"""The listener set-ups on real loopback sockets: HttpListener (port 0, a taken port, TLS settings refused early,
+stop closes the port) and start_grpcio (the grpcio gRPC port, in the core and in frontend workers)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import asyncio
 import errno
 import socket
 
+import grpc
 import pytest
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.grpc.server import start_grpcio
 from naiad.frontends.http.listener import HttpListener
 
 
@@ -74,3 +77,33 @@ def test_a_missing_certificate_fails_the_start_and_frees_the_port(tmp_path):
         assert listener._socket is None  # the bound socket was closed, not leaked
 
     asyncio.run(scenario())
+
+
+class _Echo(grpc.GenericRpcHandler):
+    def service(self, handler_call_details):
+        if handler_call_details.method != "/test.Echo/Say":
+            return None
+
+        async def say(request: bytes, context) -> bytes:
+            return request
+
+        return grpc.unary_unary_rpc_method_handler(say)
+
+
+def test_grpcio_set_up_serves_and_refuses_a_taken_port():
+    """start_grpcio is the core's grpcio port and every frontend worker's: one set-up for both."""
+    async def scenario() -> tuple[bytes, str, bytes]:
+        first, port = await start_grpcio(ServerConfig(), "127.0.0.1", 0, lambda s: s.add_generic_rpc_handlers((_Echo(),)))
+        try:
+            with pytest.raises(OSError) as taken:
+                await start_grpcio(ServerConfig(), "127.0.0.1", port, lambda s: None)
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                answer = await channel.unary_unary("/test.Echo/Say")(b"hello", timeout=10)
+                again = await channel.unary_unary("/test.Echo/Say")(b"still serving", timeout=10)
+        finally:
+            await first.stop(0)
+        return answer, str(taken.value), again
+
+    answer, message, again = asyncio.run(scenario())
+    assert answer == b"hello" and again == b"still serving"
+    assert "cannot bind the gRPC frontend to 127.0.0.1:" in message

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelSource
+from naiad.backends.base import Backend, ExecutionBatch, InstanceSpec, ModelSource
+from naiad.backends.python.backend import PythonBackend
+from naiad.backends.registry import BackendRegistry
 from naiad.config.model_config import ConfigError
-from naiad.runtime.placement import runs_in_processes, start_instance
-from naiad.runtime.process.backend_host import execute_batch
+from naiad.runtime.placement import WorkerHostedBackend, backend_for, runs_in_processes, start_instance
+from naiad.runtime.process.backend_host import execute_batch, tensor_backend
 from naiad.runtime.thread_instance import ThreadInstance
 
 
@@ -108,7 +110,35 @@ def test_a_tensor_backend_without_the_parameter_gets_a_thread(tmp_path: Path) ->
     instance.close()
 
 
-def test_a_request_backend_refuses_worker_processes(tmp_path: Path) -> None:
-    source, spec = _source(_config("true", "engine"), tmp_path)
-    with pytest.raises(ConfigError, match="backend 'engine' cannot run its instances in worker processes"):
-        asyncio.run(start_instance(RequestBackend(), source, spec))  # type: ignore[arg-type]
+class Registry(BackendRegistry):
+    """A registry that hands out the given backends and records which it was asked for (loading imports frameworks)."""
+
+    def __init__(self, *backends: object) -> None:
+        super().__init__()
+        self.known = {b.name: b for b in backends}  # type: ignore[attr-defined]
+        self.asked: list[str] = []
+
+    def get(self, name: str, backend_directory: str | None = None) -> Backend:
+        self.asked.append(name)
+        return self.known[name]  # type: ignore[return-value]
+
+
+def test_a_request_backend_refuses_worker_processes() -> None:
+    with pytest.raises(ConfigError, match=r"backend 'engine' cannot run its instances in worker processes"):
+        tensor_backend(Registry(RequestBackend()), "engine")
+    assert tensor_backend(Registry(TensorBackend()), "fake").name == "fake"
+
+
+def test_a_framework_model_with_process_instances_is_never_loaded_by_the_server() -> None:
+    registry = Registry()
+    backend = backend_for(registry, _config("true", "pytorch"), None)
+    assert isinstance(backend, WorkerHostedBackend) and backend.name == "pytorch"
+    assert (backend.kind, backend.host, backend.shared_model_file) == ("process", "backend", None)
+    assert registry.asked == []  # the registry would have imported torch
+
+
+def test_python_models_and_thread_instances_keep_their_backend() -> None:
+    registry = Registry(PythonBackend(), TensorBackend())
+    assert isinstance(backend_for(registry, _config("true", "python"), None), PythonBackend)
+    assert backend_for(registry, _config(None, "fake"), None).name == "fake"
+    assert registry.asked == ["python", "fake"]

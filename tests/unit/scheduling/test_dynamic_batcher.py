@@ -36,7 +36,7 @@ class RecordingInstance:
         self.batches.append(values)
         for v in values:
             if v in self.delays:
-                time.sleep(self.delays[v])
+                time.sleep(self.delays[v])  # a slow execution, simulated
         return {"Y": batch.inputs["X"].copy()}
 
     def close(self) -> None:

@@ -128,7 +128,7 @@ class ThreadRecorder:
             while time.thread_time() < end:
                 pass
         elif value == 10:
-            time.sleep(self.slow_s)
+            time.sleep(self.slow_s)  # a slow execution that waits (releases the GIL), simulated
         return {"Y": batch.inputs["X"].copy()}
 
     def close(self) -> None:

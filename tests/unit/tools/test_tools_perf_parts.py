@@ -208,7 +208,7 @@ def test_a_window_of_records_larger_than_the_pipe_reaches_the_coordinator():
     received = []
 
     def coordinator_reads_late():
-        time.sleep(0.2)
+        time.sleep(0.2)  # a coordinator that reads late, on purpose: the worker's write must fill the pipe
         received.append(coordinator.recv())
 
     reader = threading.Thread(target=coordinator_reads_late)

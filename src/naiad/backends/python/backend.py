@@ -20,6 +20,7 @@ class PythonBackend:
     """
 
     kind: Literal["process"] = "process"
+    host: Literal["python", "backend"] = "python"
 
     def __init__(self, name: str = "python", shared_model_file: Path | None = None) -> None:
         self.name = name

@@ -173,8 +173,7 @@ class TransformersInstance(InProcessRequestInstance):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self._labels = {"model": source.config.name, "version": str(source.version)}
-        metrics = getattr(source.server, "metrics", None)
-        self._providers = getattr(metrics, "extra_families", None)
+        self._providers = source.server.metrics.extra_families if source.server is not None else None
         if self._providers is not None:
             self._providers.append(self._families)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import ssl
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -20,6 +21,7 @@ from naiad.frontends.grpc.health import health_handler
 from naiad.frontends.grpc.servicer import InferenceServicer
 
 if TYPE_CHECKING:
+    from naiad.config.server_config import ServerConfig
     from naiad.core.facade import ServerAPI
 
 logger = logging.getLogger(__name__)
@@ -83,6 +85,29 @@ def tls_context(config: Any) -> ssl.SSLContext | None:
     return ssl_context(config, _read)
 
 
+async def start_grpcio(config: ServerConfig, host: str, port: int, register: Callable[[grpc.aio.Server], None],
+                       reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
+    """The one grpcio set-up, of the core's gRPC port and of every frontend worker's: message and
+    stream limits, the guard, the call cap, TLS; `register` adds the services. Binds host:port
+    (`reuse_port`: share a port the core reserved), starts, returns (server, bound port)."""
+    credentials = server_credentials(config)
+    grpc_server = grpc.aio.server(
+        options=server_options(config.grpc_max_concurrent_streams, config.grpc_max_message_size, reuse_port),
+        interceptors=[GuardInterceptor(config.grpc_restricted_protocol, config.grpc_header_forward_pattern)],
+        maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs or None,
+    )
+    register(grpc_server)
+    address = bind_address(host, port)
+    try:
+        bound = grpc_server.add_insecure_port(address) if credentials is None else grpc_server.add_secure_port(address, credentials)
+    except RuntimeError as exc:
+        raise OSError(f"cannot bind the gRPC frontend to {address}: {exc}") from None
+    if bound == 0 or (port and bound != port):
+        raise OSError(f"cannot bind the gRPC frontend to {address}")
+    await grpc_server.start()
+    return grpc_server, bound
+
+
 class GrpcFrontend:
     """The gRPC listener of a Naiad server; runs in the event loop `naiad serve` owns."""
 
@@ -114,27 +139,11 @@ class GrpcFrontend:
         return port
 
     async def _start_grpcio(self) -> int:
-        config = self._server.config
-        credentials = server_credentials(config)
-        grpc_server = grpc.aio.server(
-            options=server_options(config.grpc_max_concurrent_streams, config.grpc_max_message_size),
-            interceptors=[GuardInterceptor(config.grpc_restricted_protocol, config.grpc_header_forward_pattern)],
-            maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs or None,
-        )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), grpc_server)
-        grpc_server.add_generic_rpc_handlers((health_handler(self._server),))
-        address = bind_address(self._host, self._port)
-        try:
-            if credentials is None:
-                port = grpc_server.add_insecure_port(address)
-            else:
-                port = grpc_server.add_secure_port(address, credentials)
-        except RuntimeError as exc:
-            raise OSError(f"cannot bind the gRPC frontend to {address}: {exc}") from None
-        if port == 0:
-            raise OSError(f"cannot bind the gRPC frontend to {address}")
-        await grpc_server.start()
-        self._grpc = grpc_server
+        def register(grpc_server: grpc.aio.Server) -> None:
+            pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), grpc_server)
+            grpc_server.add_generic_rpc_handlers((health_handler(self._server),))
+
+        self._grpc, port = await start_grpcio(self._server.config, self._host, self._port, register)
         logger.debug("gRPC frontend listening on %s", bind_address(self._host, port))
         return port
 

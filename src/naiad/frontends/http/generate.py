@@ -25,7 +25,7 @@ from naiad.protocol.tensor_codec import array_from_json, array_to_json
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.facade import ServerAPI
+    from naiad.core.facade import ResolvedModel, ServerAPI
 
 logger = logging.getLogger("naiad.http")
 
@@ -55,12 +55,12 @@ def _tensor_shape(declared: list[int], count: int, name: str) -> tuple[int, ...]
     return tuple(shape)
 
 
-def build_generate_request(server: ServerAPI, model: str, version: str, doc: Any) -> InferenceRequest:
-    """Map a flat JSON object onto inputs (keys naming inputs) and request parameters (the rest)."""
+def build_generate_request(resolved: ResolvedModel, model: str, version: str, doc: Any) -> InferenceRequest:
+    """Map a flat JSON object onto the resolved model's inputs (keys naming inputs) and request
+    parameters (the rest)."""
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    metadata = server.info.model_metadata(model, version)
-    inputs_meta = {entry["name"]: entry for entry in metadata["inputs"]}
+    inputs_meta = {entry.name: entry for entry in resolved.inputs}
     if "parameters" in inputs_meta:
         raise invalid_arg("'parameters' can not be used as an input name for the generate extension")
     nested = doc.get("parameters", {})
@@ -86,9 +86,9 @@ def build_generate_request(server: ServerAPI, model: str, version: str, doc: Any
     for name, value in values.items():
         entry = inputs_meta[name]
         items = value if isinstance(value, list) else [value]
-        shape = _tensor_shape(list(entry["shape"]), len(items), name)
-        array = array_from_json(entry["datatype"], shape, items, name)
-        request.inputs.append(InferInput(name, entry["datatype"], shape, array))
+        shape = _tensor_shape(list(entry.shape), len(items), name)
+        array = array_from_json(entry.datatype, shape, items, name)
+        request.inputs.append(InferInput(name, entry.datatype, shape, array))
     return request
 
 
@@ -121,10 +121,11 @@ class GenerateHandler:
                 raise invalid_arg(f"unsupported Content-Encoding '{headers.content_encoding.decode(errors='replace')}' for generate")
             body = await read_body(receive, headers, server.config.http_max_input_size, body_timeout(scope, server.config.http_body_timeout_secs))
             doc = load_request_json(body)
-            request = build_generate_request(server, model, version, doc)
+            resolved = await server.inference.resolve(model, version)
+            request = build_generate_request(resolved, model, version, doc)
             if self.forward_headers is not None:
                 self.forward_headers.apply(scope["headers"], request.parameters)
-            responses = self._responses(request)
+            responses = self._responses(request, resolved)
             first = await anext(responses, None)
         except ClientDisconnected:
             return
@@ -137,8 +138,8 @@ class GenerateHandler:
         else:
             await self._single(send, first, responses)
 
-    async def _responses(self, request: InferenceRequest) -> AsyncIterator[InferenceResponse]:
-        async for response, _final in self.server.inference.stream(request):
+    async def _responses(self, request: InferenceRequest, resolved: ResolvedModel) -> AsyncIterator[InferenceResponse]:
+        async for response, _final in self.server.inference.stream(request, resolved=resolved):
             if response is not None:
                 yield response
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import orjson
@@ -18,7 +18,6 @@ from naiad.frontends.http.infer_params import (
     remaining_parameters,
     shared_memory_ref,
 )
-from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import (
@@ -37,9 +36,6 @@ from naiad.protocol.types import (
     InferInput,
     RequestedOutput,
 )
-
-if TYPE_CHECKING:
-    from naiad.core.facade import ServerAPI
 
 _INPUT_CONSUMED = ("binary_data_size", *SHM_KEYS)
 _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
@@ -70,12 +66,11 @@ def parse_header_length(value: bytes | None, body_length: int) -> int | None:
     raise invalid_arg(f"inference header size should be in range (0, {body_length}), got: {shown}")
 
 
-def decode_infer_request(
-    server: ServerAPI, model: str, version: str, body: bytes, header_length: int | None
-) -> tuple[InferenceRequest, OutputPlan]:
-    """Decode a (decompressed) infer body; header_length None = all JSON, 0 = raw binary input."""
+def decode_infer_request(model: str, version: str, body: bytes, header_length: int | None) -> tuple[InferenceRequest, OutputPlan]:
+    """Decode a (decompressed) infer body; header_length None = all JSON, else the JSON header's
+    length. A raw binary body (length 0) is shaped by the model: raw_request.decode_raw_request."""
     if header_length == 0:
-        return decode_raw_request(server, model, version, body), OutputPlan(default_binary=True)
+        raise ValueError("a raw binary body is decoded against its resolved model (decode_raw_request)")
     view = memoryview(body)
     if header_length is None:
         doc = load_request_json(body)

@@ -24,6 +24,7 @@ from naiad.frontends.http.infer_codec import (
     encode_infer_response,
     parse_header_length,
 )
+from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import HeaderForwarder
 from naiad.observability.trace_context import incoming_traceparent
@@ -31,7 +32,7 @@ from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 from naiad.protocol.types import InferenceRequest
 
 if TYPE_CHECKING:
-    from naiad.core.facade import InferenceAPI, ServerAPI
+    from naiad.core.facade import InferenceAPI, ResolvedModel, ServerAPI
 
 logger = logging.getLogger("naiad.http")
 
@@ -46,19 +47,24 @@ async def infer_payload(
 
     The cloud (SageMaker, Vertex AI) invocation routes' path.
     """
-    request, plan = decode_infer_request(server, model, version, body, header_length)
+    if header_length == 0:
+        resolved = await server.inference.resolve(model, version)
+        request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
+        return await infer_decoded(server.inference, request, plan, scope, forward_headers, resolved)
+    request, plan = decode_infer_request(model, version, body, header_length)
     return await infer_decoded(server.inference, request, plan, scope, forward_headers)
 
 
 async def infer_decoded(
     inference: InferenceAPI, request: InferenceRequest, plan: OutputPlan, scope: dict[str, Any], forward_headers: Any,
+    resolved: ResolvedModel | None = None,
 ) -> tuple[bytes, int | None]:
     """Run a decoded request and encode the answer: (payload, JSON header length or None)."""
     if forward_headers is not None:
         forward_headers.apply(scope["headers"], request.parameters)
     try:
         with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
-            response = await inference.infer(request)
+            response = await inference.infer(request, resolved)
     except DecoupledModelError:
         raise unsupported(DECOUPLED_MESSAGE) from None
     return encode_infer_response(response, plan)
@@ -78,18 +84,24 @@ class InferHandler:
         limit = server.config.http_max_input_size
         try:
             body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
+            resolved: ResolvedModel | None = None
             try:
                 if headers.content_encoding is not None:
                     body = decompress_body(body, headers.content_encoding, limit)
                 header_length = parse_header_length(headers.infer_header_length, len(body))
-                request, plan = decode_infer_request(server, model, version, body, header_length)
+                if header_length == 0:  # a raw binary body: the model's config shapes its one input
+                    resolved = await self.inference.resolve(model, version)
+                    request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
+                else:
+                    request, plan = decode_infer_request(model, version, body, header_length)
             except (NaiadError, HttpError):
                 # An unknown model is a 404 whatever the body holds; asked only when the body fails,
-                # so that a request that decodes looks its model up once (in infer).
-                self.inference.check_servable(model, version)
+                # so that a request that decodes looks its model up once (in infer or resolve).
+                if resolved is None:
+                    self.inference.check_servable(model, version)
                 raise
             payload, json_length = await until_disconnect(
-                receive, infer_decoded(self.inference, request, plan, scope, self.forward_headers), scope
+                receive, infer_decoded(self.inference, request, plan, scope, self.forward_headers, resolved), scope
             )
         except ClientDisconnected:
             return

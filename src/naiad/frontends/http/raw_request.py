@@ -13,12 +13,12 @@ from naiad.protocol.tensor_codec import array_from_raw
 from naiad.protocol.types import InferenceRequest, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.facade import ServerAPI
+    from naiad.core.facade import ResolvedModel
 
 
-def decode_raw_request(server: ServerAPI, model: str, version: str, body: bytes) -> InferenceRequest:
-    """Build the one input from the model config: batch dim 1, one variable dim deduced from the size."""
-    config = server.info.model_config(model, version)
+def decode_raw_request(resolved: ResolvedModel, model: str, version: str, body: bytes) -> InferenceRequest:
+    """Build the one input from the resolved model's config: batch dim 1, one variable dim deduced from the size."""
+    config = resolved.config
     prefix = request_prefix("")
     if len(config.input) != 1:
         raise invalid_arg(

@@ -71,12 +71,14 @@ class RouteTable:
 
 
 _VERSIONED = r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+# POST infer: groups (model, version or None). Also what a frontend worker answers itself (workers/worker_app.py).
+INFER_PATH = re.compile(_VERSIONED + "/infer")
 
 
 def build_routes(server: ServerAPI, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
     """The HTTP/REST port's whole table (see the module docstring for the order)."""
     fast = (
-        FastRoute("/infer", re.compile(_VERSIONED + "/infer"),
+        FastRoute("/infer", INFER_PATH,
                   lambda scope, receive, send, match: infer.handle(
                       scope, receive, send, match.group(1), match.group(2) or "")),
         FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"),

@@ -28,7 +28,7 @@ from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput
 
 if TYPE_CHECKING:
-    from naiad.core.facade import ServerAPI
+    from naiad.core.facade import ResolvedModel, ServerAPI
 
 OWNER = "Naiad"
 EVENT_STREAM = b"text/event-stream; charset=utf-8"
@@ -50,6 +50,11 @@ def _unknown_model(name: str) -> ApiError:
     # OpenAI's answer (vLLM's too, except that vLLM's `code` is the status number): typed clients
     # read `code` as a string, and the openai client raises NotFoundError on the 404.
     return ApiError(404, f"The model `{name}` does not exist.", param="model", code="model_not_found")
+
+
+def _is_llm(inputs: dict[str, str], outputs: set[str]) -> bool:
+    """Takes text_input (BYTES) and gives text_output: the vLLM contract the OpenAI API serves."""
+    return inputs.get("text_input") == "BYTES" and "text_output" in outputs
 
 
 def _error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
@@ -153,11 +158,21 @@ class OpenAIApp:
                 meta = self.server.info.model_metadata(name)
             except NaiadError:
                 continue
-            inputs = {t["name"]: t["datatype"] for t in meta["inputs"]}
-            outputs = {t["name"] for t in meta["outputs"]}
-            if inputs.get("text_input") == "BYTES" and "text_output" in outputs:
+            if _is_llm({t["name"]: t["datatype"] for t in meta["inputs"]}, {t["name"] for t in meta["outputs"]}):
                 names.append(name)
         return names
+
+    async def _resolve_llm(self, name: str) -> ResolvedModel:
+        """The one lookup of a generation request: the model, if it serves the vLLM contract (else 404)."""
+        try:
+            resolved = await self.server.inference.resolve(name)
+        except NaiadError as exc:
+            if exc.code is ErrorCode.NOT_FOUND:
+                raise _unknown_model(name) from None
+            raise ApiError(_status(exc), exc.message) from None
+        if not _is_llm({t.name: t.datatype for t in resolved.inputs}, {t.name for t in resolved.outputs}):
+            raise _unknown_model(name)
+        return resolved
 
     # ------------------------------------------------------------ generation
 
@@ -173,10 +188,9 @@ class OpenAIApp:
             request = parse_chat(doc) if chat else parse_completion(doc)
         except RequestError as exc:
             raise ApiError(400, str(exc)) from None
-        if request.model not in self._llm_models():
-            raise _unknown_model(request.model)
-        prompts = [self._chat_prompt(request)] if chat else request.prompts
-        inputs = self._input_names(request.model)
+        resolved = await self._resolve_llm(request.model)
+        prompts = [self._chat_prompt(request, resolved)] if chat else request.prompts
+        inputs = {t.name for t in resolved.inputs}
         if any(not isinstance(p, str) for p in prompts):
             if TOKEN_IDS not in inputs:
                 raise ApiError(400, f"model '{request.model}' takes text prompts only (it has no '{TOKEN_IDS}' input)",
@@ -185,7 +199,7 @@ class OpenAIApp:
                 raise ApiError(400, "'echo' is not supported with token-id prompts", param="echo")
         ident = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         # One choice per prompt and n: choice p * n + i is the i-th of prompt p (vLLM's numbering).
-        streams = [self._choice(request, prompt, inputs, p * request.n + i, i, p)
+        streams = [self._choice(request, resolved, prompt, inputs, p * request.n + i, i, p)
                    for p, prompt in enumerate(prompts) for i in range(request.n)]
         merged = _merge(streams)
         # Errors before the first response are ordinary JSON errors with a status.
@@ -203,22 +217,18 @@ class OpenAIApp:
         else:
             await self._single(send, receive, first, merged, writer)
 
-    def _chat_prompt(self, request: GenerationRequest) -> str:
+    @staticmethod
+    def _chat_prompt(request: GenerationRequest, resolved: ResolvedModel) -> str:
         try:
-            prompt = self.server.inference.apply_chat_template(request.model, request.messages, request.add_generation_prompt)
-        except NaiadError as exc:
-            raise ApiError(400 if exc.code is not ErrorCode.NOT_FOUND else 404, exc.message) from None
+            prompt = resolved.apply_chat_template(request.messages, request.add_generation_prompt)
         except Exception as exc:  # a template error (jinja) is the request's problem
             raise ApiError(400, f"the chat template failed: {exc}") from None
         if prompt is None:
             raise ApiError(400, f"model '{request.model}' has no tokenizer chat template; use /v1/completions")
         return prompt
 
-    def _input_names(self, model: str) -> set[str]:
-        return {t["name"] for t in self.server.info.model_metadata(model)["inputs"]}
-
-    async def _choice(self, request: GenerationRequest, prompt: str | list[int], inputs: set[str], index: int,
-                      nth: int, prompt_index: int) -> AsyncIterator[Piece]:
+    async def _choice(self, request: GenerationRequest, resolved: ResolvedModel, prompt: str | list[int],
+                      inputs: set[str], index: int, nth: int, prompt_index: int) -> AsyncIterator[Piece]:
         sampling = dict(request.sampling)
         if nth and sampling.get("seed") is not None:
             sampling["seed"] = int(sampling["seed"]) + nth  # n choices from one seed must differ
@@ -232,7 +242,7 @@ class OpenAIApp:
         infer = InferenceRequest(model_name=request.model, model_version="",
                                  inputs=[t for t in tensors if t.name in inputs])
         prompt_tokens = 0
-        async for response, final in self.server.inference.stream(infer):
+        async for response, final in self.server.inference.stream(infer, resolved=resolved):
             text, reason, out_tokens = "", None, 0
             if response is not None:
                 outputs = {o.name: o.data for o in response.outputs if o.data is not None}

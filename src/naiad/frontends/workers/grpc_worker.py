@@ -24,10 +24,9 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
-from naiad.frontends.grpc.guard import GuardInterceptor
 from naiad.frontends.grpc.health import SERVICE as HEALTH_SERVICE
 from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response
-from naiad.frontends.grpc.server import bind_address, h2_server, server_credentials, server_options, tls_context
+from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
 from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE
 from naiad.frontends.grpc.status import error_of, status_of
 from naiad.frontends.security import check_model_name
@@ -149,16 +148,9 @@ async def start_grpc(config: ServerConfig, core: CoreClient, listen: socket.sock
         h2.add_generic_rpc_handlers((handlers,))
         await h2.start(config.grpc_address, config.grpc_port, tls_context(config), sock=listen)
         return h2
-    server = grpc.aio.server(
-        options=server_options(config.grpc_max_concurrent_streams, config.grpc_max_message_size, reuse_port=True),
-        interceptors=[GuardInterceptor(config.grpc_restricted_protocol, config.grpc_header_forward_pattern)],
-        maximum_concurrent_rpcs=config.grpc_max_concurrent_rpcs or None,
-    )
-    server.add_generic_rpc_handlers((handlers,))
-    address = bind_address(config.grpc_address, config.grpc_port)
-    credentials = server_credentials(config)
-    port = server.add_insecure_port(address) if credentials is None else server.add_secure_port(address, credentials)
-    if port != config.grpc_port:
-        raise OSError(f"cannot bind the gRPC port {address} in a frontend worker")
-    await server.start()
+
+    def register(server: grpc.aio.Server) -> None:
+        server.add_generic_rpc_handlers((handlers,))
+
+    server, _ = await start_grpcio(config, config.grpc_address, config.grpc_port, register, reuse_port=True)
     return server

@@ -10,7 +10,6 @@ core's own HTTP application: answers and the precedence of errors stay exactly t
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from naiad.config.server_config import ServerConfig
@@ -20,6 +19,7 @@ from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_an
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
+from naiad.frontends.http.routes import INFER_PATH
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
@@ -28,18 +28,9 @@ from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.http")
 
-_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?/infer")
-
 
 class _CoreOnly(Exception):
     """The request needs state only the core holds (the model config of a raw binary body): relay it."""
-
-
-class _NoLocalState:
-    """What decode_infer_request may look up on the server; a worker holds none of it."""
-
-    def __getattr__(self, name: str) -> Any:
-        raise _CoreOnly(name)
 
 
 class WorkerApp:
@@ -49,14 +40,13 @@ class WorkerApp:
         self.config = config
         self.core = core
         self.forward_headers = header_forwarder(config.http_header_forward_pattern)
-        self._no_state: Any = _NoLocalState()
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path = scope["path"]
         if scope["method"] == "POST" and "/infer" in path and not self.config.http_restricted_api:
-            match = _INFER.fullmatch(path)
+            match = INFER_PATH.fullmatch(path)
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
                 return
@@ -112,7 +102,7 @@ class WorkerApp:
             header_length = parse_header_length(headers.infer_header_length, len(plain))
             if header_length == 0:
                 raise _CoreOnly("a raw binary body is shaped by the model config")
-            request, plan = decode_infer_request(self._no_state, model, version, plain, header_length)
+            request, plan = decode_infer_request(model, version, plain, header_length)
         except (NaiadError, HttpError, _CoreOnly):
             # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
             await self._relay_watched(scope, receive, body, send)

@@ -1,9 +1,11 @@
-"""A Python model's auto_complete_config, run in a throw-away worker (model code never runs in the server)."""
+"""Auto-completion in a throw-away worker: a Python model's auto_complete_config, or a tensor backend's for a
+model with worker-process instances (model code and those frameworks never run in the server)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -14,22 +16,21 @@ from naiad.runtime.process.launcher import Launch, launch_for, spawn
 AUTO_COMPLETE_TIMEOUT = 300.0
 
 
-def run_auto_complete(config_json: str, model_file: Path, launch: Launch, timeout: float = AUTO_COMPLETE_TIMEOUT) -> str | None:
-    """Run TritonPythonModel.auto_complete_config in a throw-away worker; the completed config JSON, or None."""
+def _ask_worker(message: tuple[Any, ...], what: str, launch: Launch, timeout: float, error_prefix: str = "") -> Any:
+    """Send one auto-complete message to a fresh worker and return what its "auto_ok" reply carries."""
     process, sock = spawn(launch)
     try:
         sock.settimeout(timeout)
         channel = BlockingChannel(sock)
-        channel.send(("auto", config_json, str(model_file)))
+        channel.send(message)
         try:
             reply = channel.receive()
         except TimeoutError:
-            raise ConfigError(f"auto_complete_config of '{model_file}' did not finish within {timeout:.0f}s") from None
+            raise ConfigError(f"{what} did not finish within {timeout:.0f}s") from None
         except (EOFError, OSError):
             process.wait()
             raise ConfigError(
-                f"the Python worker running auto_complete_config of '{model_file}' exited (code {process.returncode}); "
-                "see the server log for its output"
+                f"the worker running {what} exited (code {process.returncode}); see the server log for its output"
             ) from None
     finally:
         sock.close()
@@ -39,8 +40,14 @@ def run_auto_complete(config_json: str, model_file: Path, launch: Launch, timeou
             process.kill()
             process.wait()
     if reply[0] == "auto_error":
-        raise ConfigError(f"Internal: {reply[1]}")
-    completed: str | None = reply[1]
+        raise ConfigError(f"{error_prefix}{reply[1]}")
+    return reply[1]
+
+
+def run_auto_complete(config_json: str, model_file: Path, launch: Launch, timeout: float = AUTO_COMPLETE_TIMEOUT) -> str | None:
+    """Run TritonPythonModel.auto_complete_config in a throw-away worker; the completed config JSON, or None."""
+    completed: str | None = _ask_worker(("auto", config_json, str(model_file)),
+                                        f"auto_complete_config of '{model_file}'", launch, timeout, "Internal: ")
     return completed
 
 
@@ -76,3 +83,13 @@ def auto_complete_python_model(config: mc.ModelConfig, model_file: Path, shared_
         raise ConfigError(f"auto_complete_config of model '{name}' returned an invalid config: {exc}") from None
     config.CopyFrom(result)
     config.name = name
+
+
+def auto_complete_backend_model(config: mc.ModelConfig, model_file: Path, default_max_batch_size: int,
+                                timeout: float = AUTO_COMPLETE_TIMEOUT) -> None:
+    """Apply the tensor backend's auto_complete_config in a throw-away worker that imports its framework."""
+    launch = launch_for(config, model_file.parent.parent)
+    message = ("auto_backend", config.backend, config.SerializeToString(), str(model_file), default_max_batch_size)
+    completed: bytes = _ask_worker(message, f"the auto-completion of model '{config.name}' by backend "
+                                            f"'{config.backend}'", launch, timeout)
+    config.ParseFromString(completed)  # the whole config, as the worker's backend left it

@@ -1,8 +1,9 @@
 """Hosts one instance of a tensor backend (ONNX Runtime, PyTorch, ...) in a worker process.
 
-The worker loads the model itself (the server keeps no copy), executes the batches the server sends
-through shared memory, and answers with the outputs in its own shared memory. Requests of one batch
-are concatenated along dim 0 for a batching model, as a thread instance would get them.
+The worker imports the framework and loads the model itself (the server does neither), executes the
+batches the server sends through shared memory, and answers with the outputs in its own shared memory.
+Requests of one batch are concatenated along dim 0 for a batching model, as a thread instance would get
+them. A throw-away worker runs the backend's auto_complete_config for the server (`auto_complete`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelInstance, ModelSource
+from naiad.backends.base import ExecutionBatch, InstanceSpec, ModelInstance, ModelSource, TensorBackend
 from naiad.backends.registry import BackendRegistry
+from naiad.config.model_config import ConfigError
 from naiad.protocol.errors import NaiadError
+from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
 from naiad.runtime.process.tensors import datatype_of, pack, unpack_one
 from naiad.runtime.process.worker_runtime import exit_worker
@@ -24,11 +27,29 @@ from naiad.runtime.process.worker_runtime import exit_worker
 Outputs = dict[str, np.ndarray]
 
 
+def tensor_backend(registry: BackendRegistry, name: str) -> TensorBackend:
+    """The backend called `name`, which must take tensors: only those run their instances in worker processes."""
+    backend = registry.get(name)
+    if backend.kind != "tensor":
+        raise ConfigError(f"backend '{name}' cannot run its instances in worker processes (INSTANCE_PROCESS)")
+    return backend
+
+
+def auto_complete(channel: BlockingChannel, message: tuple[Any, ...]) -> None:
+    """Answer the server's "auto_backend" with the config the backend completed (serialized), or the error."""
+    _, name, config_bytes, model_file, default_max_batch_size = message
+    try:
+        config = mc.ModelConfig()
+        config.ParseFromString(config_bytes)
+        tensor_backend(BackendRegistry(), name).auto_complete_config(config, Path(model_file), default_max_batch_size)
+        channel.send(("auto_ok", config.SerializeToString()))
+    except BaseException as exc:  # reported as the load error, in the backend's words
+        channel.send(("auto_error", str(exc) or type(exc).__name__))
+
+
 def load_instance(init: dict[str, Any]) -> tuple[ModelInstance, bool]:
     """The backend's instance built from what the server sent, and whether the model batches."""
-    backend = BackendRegistry().get(init["backend"])
-    if backend.kind != "tensor":
-        raise ValueError(f"backend '{backend.name}' does not run its instances in worker processes")
+    backend = tensor_backend(BackendRegistry(), init["backend"])
     config = mc.ModelConfig()
     config.ParseFromString(init["config"])
     version, model_dir, version_dir, settings = init["source"]

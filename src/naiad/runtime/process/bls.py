@@ -125,10 +125,10 @@ async def run_control(session: WorkerSession, call_id: int, op: str, args: tuple
 
 
 def forward_metric(session: WorkerSession, op: str, args: tuple[Any, ...]) -> None:
-    """Hand custom-metric updates to the server's registry when it offers one (`custom_metrics`)."""
-    registry = getattr(session.services, "custom_metrics", None)
-    if registry is None:
+    """Hand custom-metric updates to the server's registry (none when the worker runs without a server)."""
+    if session.services is None:
         return
+    registry = session.services.custom_metrics
     try:
         registry.update(op, *args)
     except Exception:  # a metrics problem must never fail inference

@@ -12,7 +12,7 @@ import collections
 import functools
 import logging
 import time
-from typing import Any
+from typing import Any, Final
 
 from tritonclient.grpc import model_config_pb2 as mc
 
@@ -104,6 +104,7 @@ def host_init(source: ModelSource, spec: InstanceSpec, host: str) -> dict[str, A
 class ProcessInstance:
     """Requests go to the current worker; a worker that dies fails its requests and is replaced automatically."""
 
+    executes: Final = "requests"
     tracks_unfinished = True
     in_worker_process = True
 
@@ -143,6 +144,7 @@ class ProcessInstance:
         self._execution_ns = 0.0  # moving average of the worker's execution time
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
+        self._deaths = 0  # serving workers that died: what the model held in them is gone
 
     # ------------------------------------------------------------ worker management
 
@@ -182,6 +184,7 @@ class ProcessInstance:
             return
         log.error("the worker process of model instance '%s' (pid %d) died; starting a new one", self.name, session.pid)
         self._serving = None
+        self._deaths += 1
         self._restarter = asyncio.get_running_loop().create_task(self._restart(session))
 
     async def _restart(self, dead: WorkerSession) -> None:
@@ -280,6 +283,10 @@ class ProcessInstance:
         """The worker's resident memory: the model lives there, not in the server."""
         pid = self.pid
         return rss_bytes(pid) if pid else 0
+
+    def restarts(self) -> int:
+        """How many serving workers died: each took the model's in-memory state (e.g. per-sequence sums) with it."""
+        return self._deaths
 
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""

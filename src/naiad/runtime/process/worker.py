@@ -56,9 +56,11 @@ def main(argv: list[Any]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     channel = BlockingChannel(sock)
     message = channel.receive()
-    if message[0] == "auto":
-        from naiad.runtime.process.python_host import auto_complete
-
+    if message[0] in ("auto", "auto_backend"):  # a throw-away worker: auto-complete one config, then end
+        if message[0] == "auto":
+            from naiad.runtime.process.python_host import auto_complete
+        else:
+            from naiad.runtime.process.backend_host import auto_complete
         auto_complete(channel, message)
         sys.stdout.flush()
         os._exit(0)
