@@ -1,6 +1,7 @@
-"""`--frontend-processes 1` vs `N` over HTTP (wrk, JSON bodies) and gRPC, and the core process's CPU per request.
+"""`--frontend-processes 0` (in one process) vs `N` workers over HTTP (wrk, JSON bodies) and gRPC, and the core
+process's CPU per request.
 
-    python benchmarks/frontend_processes_bench.py --processes 1 2 --models add_sub mlp -c 32 --repeats 3
+    python benchmarks/frontend_processes_bench.py --processes 0 1 2 --models add_sub mlp -c 32 --repeats 3
 
 Each repeat starts Naiad once per process count (back to back, unpinned: `taskset -c` all cores; the
 gRPC server is --grpc-server-impl's, Naiad's own by default, in the core or in each worker), runs wrk and load.py's gRPC closed loop (one
@@ -62,7 +63,7 @@ def measure(server: servers.RunningServer, model: str, protocol: str, concurrenc
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--processes", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--models", nargs="+", default=["add_sub", "mlp"], choices=["add_sub", "add_sub_onnx", "mlp"])
     parser.add_argument("--protocols", nargs="+", default=["http-json", "grpc"], choices=["http-json", "grpc"])
     parser.add_argument("-c", "--concurrency", type=int, nargs="+", default=[32])

@@ -1,4 +1,4 @@
-"""`naiad serve --frontend-processes 2`: the HTTP/REST and gRPC ports served by worker processes give the
+"""`naiad serve --frontend-processes N`: the HTTP/REST and gRPC ports served by worker processes give the
 one server's answers (statistics, model control, shared memory, metrics, errors), and survive a worker's death."""
 
 from __future__ import annotations
@@ -242,10 +242,25 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Pat
 
 
 def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
-    for bad in ("0", "many"):
+    for bad in ("-1", "65", "many"):
         with pytest.raises(RuntimeError) as info:
             start_server(_repository(tmp_path / bad), "--frontend-processes", bad, timeout=60)
         assert "--frontend-processes" in str(info.value)
+
+
+def test_one_worker_serves_each_port_beside_the_core_and_zero_serves_them_in_it(tmp_path: Path) -> None:
+    """1: one worker per port (the layout for two cores); 0: the ports in the server process."""
+    for count, workers in (("1", 1), ("0", 0)):
+        with start_server(_repository(tmp_path / count), "--frontend-processes", count, "--model-control-mode",
+                          "explicit", "--load-model", "add_sub", *GRPC) as server:
+            if workers:
+                assert len(worker_pids(server, _PIDS)) == len(worker_pids(server, _GRPC_PIDS)) == workers
+            else:
+                assert not any("frontend worker" in line for line in server.output), "".join(server.output)
+            status, body = call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([1, 2, 3, 4], [1, 1, 1, 1]))
+            assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2, 3, 4, 5], body
+            np.testing.assert_array_equal(grpc_add_sub(server, [1, 2, 3, 4], [1, 1, 1, 1])[0], [[2, 3, 4, 5]])
+            assert success_count(server, "add_sub") == 2
 
 
 # ---------------------------------------------------------------- gRPC (Naiad's own HTTP/2 server or grpcio in every worker)

@@ -28,7 +28,7 @@ MAX_RSS_KEPT_MIB = 12  # what may stay resident 10 s after an attack
 MAX_MEDIAN_LATENCY = 1.0  # seconds; the idle server answers in milliseconds (the machine may be loaded)
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["one-process", "frontend-workers"])
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "frontend-workers"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo: Path = tmp_path_factory.mktemp("h2_attacks") / "models"
     add_sub_model(repo, "add_sub", datatype="INT32", dims=4)

@@ -138,8 +138,8 @@ def _process_count(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number of processes, got '{text}'") from None
-    if not 1 <= value <= MAX_FRONTEND_PROCESSES:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_FRONTEND_PROCESSES}, got {value}")
+    if not 0 <= value <= MAX_FRONTEND_PROCESSES:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_FRONTEND_PROCESSES}, got {value}")
     return value
 
 
@@ -164,7 +164,8 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
                         help="serve the HTTP/REST port and the gRPC port from N worker processes each, "
                         "that decode and encode requests and hand them to this process (models, batching, "
-                        "statistics, model control stay here, one server); 1 = all in this process (default)")
+                        "statistics, model control stay here, one server); 0 = all in this process (default). On two "
+                        "cores, 1 (one worker beside this process) is the layout that can pay off")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")

@@ -1,4 +1,4 @@
-"""The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 2).
+"""The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 1).
 
 HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds N listening sockets on the port
 (SO_REUSEPORT) and starts one worker per socket. gRPC on grpcio (`--grpc-server-impl grpcio`): the
