@@ -164,8 +164,7 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
                         help="serve the HTTP/REST port and the gRPC port from N worker processes each, "
                         "that decode and encode requests and hand them to this process (models, batching, "
-                        "statistics, model control stay here, one server); 0 = all in this process (default). On two "
-                        "cores, 1 (one worker beside this process) is the layout that can pay off")
+                        "statistics, model control stay here, one server); 0 = all in this process (default)")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
