@@ -4,8 +4,8 @@ HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds N listening sockets 
 (SO_REUSEPORT) and starts one worker per socket. gRPC on grpcio (`--grpc-server-impl grpcio`): the
 core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves to one
 port for all) and each worker's grpcio server binds it too. Each worker has a channel (a unix
-socket pair) to a Dispatcher here. A worker that dies is started again (an HTTP worker on the same
-socket: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
+socket pair) to a Dispatcher here. A worker that dies is started again (on the same listening socket,
+when it has one: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
 by --exit-timeout-secs, then kills what is left.
 """
 
