@@ -196,8 +196,8 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._preferred_memory = preferred_memory or PreferredMemory()
-        self._trace = trace or InferenceTrace()
+        self._preferred_memory: PreferredMemory | None = preferred_memory or PreferredMemory()
+        self._trace: InferenceTrace | None = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters, "request")
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._runtime: Any = None
@@ -217,8 +217,8 @@ class InferenceRequest:
         request._correlation_id = correlation_id
         request._flags = flags
         request._timeout = timeout
-        request._preferred_memory = PreferredMemory()
-        request._trace = InferenceTrace()
+        request._preferred_memory = None  # made on first use: most models never ask
+        request._trace = None
         request._parameters = parameters
         request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         request._runtime = runtime
@@ -257,9 +257,13 @@ class InferenceRequest:
         return self._parameters
 
     def trace(self) -> InferenceTrace:
+        if self._trace is None:
+            self._trace = InferenceTrace()
         return self._trace
 
     def preferred_memory(self) -> PreferredMemory:
+        if self._preferred_memory is None:
+            self._preferred_memory = PreferredMemory()
         return self._preferred_memory
 
     def get_response_sender(self) -> InferenceResponseSender:

@@ -61,10 +61,13 @@ def triton_string_to_numpy(triton_type_string: str) -> Any:
 
 
 def protocol_datatype(array: np.ndarray) -> str:
-    kind = array.dtype.kind
-    if kind in ("O", "S", "U"):
+    dtype = array.dtype
+    name = _PROTOCOL_OF_NUMPY.get(dtype)  # native byte order: found as is (newbyteorder makes a new dtype)
+    if name is not None:
+        return name
+    if dtype.kind in ("O", "S", "U"):
         return "BYTES"
-    name = _PROTOCOL_OF_NUMPY.get(array.dtype.newbyteorder("="))
+    name = _PROTOCOL_OF_NUMPY.get(dtype.newbyteorder("="))
     if name is None:
         raise TritonModelException(f"unsupported numpy dtype {array.dtype} for a tensor")
     return name

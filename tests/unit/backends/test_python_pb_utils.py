@@ -148,6 +148,22 @@ def _received(runtime) -> pb_utils.InferenceRequest:
     return pb_utils.InferenceRequest._received(runtime, (1, 0), [], ("Y",), "id", 0, 0, "{}", 0, "m", 1)
 
 
+def test_received_request_has_cpu_preferred_memory_and_a_trace():
+    request = _received(_FakeRuntime(decoupled=False))
+    memory = request.preferred_memory()
+    assert memory.preferred_memory_type == pb_utils.TRITONSERVER_MEMORY_CPU and memory.preferred_device_id == 0
+    assert request.preferred_memory() is memory  # one object per request, kept across calls
+    assert isinstance(request.trace(), pb_utils.InferenceTrace) and request.trace() is request.trace()
+
+
+def test_tensor_datatype_of_native_and_swapped_byte_order():
+    for dtype, name in ((np.float32, "FP32"), (np.int64, "INT64"), (np.bool_, "BOOL"), (np.uint16, "UINT16")):
+        native = np.zeros(2, dtype)
+        assert pb_utils.Tensor("N", native).datatype() == name
+        swapped = pb_utils.Tensor("S", native.astype(native.dtype.newbyteorder("S")))
+        assert swapped.datatype() == name and swapped.as_numpy().dtype.isnative
+
+
 def test_decoupled_sender_final_rules():
     runtime = _FakeRuntime(decoupled=True)
     sender = _received(runtime).get_response_sender()

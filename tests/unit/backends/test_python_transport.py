@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import uuid
 
 import numpy as np
@@ -18,6 +19,7 @@ from naiad.runtime.process.shm import (
     shm_create,
 )
 from naiad.runtime.process.tensors import (
+    INLINE_MAX,
     datatype_of,
     decode_bytes,
     encode_bytes,
@@ -93,7 +95,7 @@ def test_pack_unpack_fixed_size(prefix, dtype):
     pool = BlockPool(prefix)
     array = (np.arange(24) % 7).astype(dtype).reshape(2, 3, 4)
     datatype = datatype_of(array)
-    block, metas = pack(pool, [[("A", datatype, array)], [("B", datatype, array[:1])]])
+    block, metas = pack(pool, [[("A", datatype, array)], [("B", datatype, array[:1])]], inline_max=0)
     view = PeerBlocks().view(block)
     first = unpack_one(view, metas[0][0], copy=False)
     second = unpack_one(view, metas[1][0], copy=True)
@@ -107,12 +109,30 @@ def test_pack_bytes_and_empty(prefix):
     pool = BlockPool(prefix)
     strings = np.array([[b"", b"a\x00b"], ["é", b"xyz"]], dtype=np.object_)
     empty = np.zeros((0, 3), np.float32)
-    block, metas = pack(pool, [[("S", "BYTES", strings), ("E", "FP32", empty)]])
+    block, metas = pack(pool, [[("S", "BYTES", strings), ("E", "FP32", empty)]], inline_max=0)
     view = PeerBlocks().view(block)
     decoded = unpack_one(view, metas[0][0], copy=True)
     assert decoded.shape == (2, 2) and decoded[0, 1] == b"a\x00b" and decoded[1, 0] == "é".encode()
     assert unpack_one(view, metas[0][1], copy=True).shape == (0, 3)
     assert pack(pool, [[("E", "FP32", empty)]])[0] is None  # nothing to write: no block
+    pool.close()
+
+
+def test_small_tensors_travel_inline_without_a_block(prefix):
+    pool = BlockPool(prefix)
+    numbers = np.arange(12, dtype=np.float32).reshape(3, 4)
+    strings = np.array([b"ab", "\u00e9"], dtype=np.object_)
+    empty = np.zeros((0, 2), np.int64)
+    block, metas = pickle.loads(pickle.dumps(
+        pack(pool, [[("N", "FP32", numbers), ("S", "BYTES", strings)], [("E", "INT64", empty)]])))
+    assert block is None and pool.in_use() == 0  # no segment to fill, map and hand back
+    received = unpack_one(None, metas[0][0], copy=False)
+    np.testing.assert_array_equal(received, numbers)
+    received[0, 0] = 7  # a model may write into its inputs, as into a block's
+    assert list(unpack_one(None, metas[0][1], copy=True)) == [b"ab", "\u00e9".encode()]
+    assert unpack_one(None, metas[1][0], copy=True).shape == (0, 2)
+    big = np.zeros(INLINE_MAX // 4 + 1, np.float32)
+    assert pack(pool, [[("B", "FP32", big)]])[0] is not None  # past the limit: shared memory
     pool.close()
 
 

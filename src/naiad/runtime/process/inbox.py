@@ -47,6 +47,7 @@ class Inbox:
         self._cv = threading.Condition(lock)  # threads waiting for a command, a reply or the reading role
         self._helper_cv = threading.Condition(lock)  # only the helper: woken when coroutines need a reader
         self._reading = False
+        self._waiting = 0  # threads in self._cv.wait(): without any, handing back the role needs no notify
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._async_waiting = 0
         self._busy_since: float | None = None
@@ -65,7 +66,8 @@ class Inbox:
         finally:
             with self._cv:
                 self._reading = False
-                self._cv.notify_all()
+                if self._waiting:
+                    self._cv.notify_all()
 
     def next_command(self) -> tuple[Any, ...]:
         """The next command for the calling (main) thread, reading the socket itself when it can."""
@@ -73,7 +75,7 @@ class Inbox:
         while True:
             with self._cv:
                 while not self._commands and self._reading:
-                    self._cv.wait()
+                    self._wait()
                 if self._commands:
                     self._busy_since = time.monotonic()
                     return self._commands.popleft()
@@ -83,10 +85,19 @@ class Inbox:
                 self._busy_since = time.monotonic()
                 return command
 
+    def _wait(self) -> None:
+        """Wait on the condition (its lock held) for a notify."""
+        self._waiting += 1
+        try:
+            self._cv.wait()
+        finally:
+            self._waiting -= 1
+
     def post_command(self, message: tuple[Any, ...]) -> None:
         with self._cv:
             self._commands.append(message)
-            self._cv.notify_all()
+            if self._waiting:
+                self._cv.notify_all()
 
     # ------------------------------------------------------------ replies
 
@@ -94,7 +105,8 @@ class Inbox:
         with self._cv:
             call.items.append(item)
             waiters, call.async_waiters = call.async_waiters, []
-            self._cv.notify_all()
+            if self._waiting:
+                self._cv.notify_all()
         for loop, future in waiters:
             loop.call_soon_threadsafe(_resolve, future)
 
@@ -103,7 +115,7 @@ class Inbox:
         while True:
             with self._cv:
                 while not call.items and self._reading:
-                    self._cv.wait()
+                    self._wait()
                 if call.items:
                     return call.items.popleft()
                 self._reading = True

@@ -249,9 +249,13 @@ class ProcessInstance:
             return done  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
             try:
-                return await asyncio.shield(done)  # a cancelled caller must not cancel the batch's own future
+                # Not shielded (a shield costs a loop iteration per batch): a cancelled caller cancels
+                # `done` too, and the session then gives a fresh future for the batch's end.
+                timing: ExecutionOutcome = await done
+                return timing
             except asyncio.CancelledError:
-                self._unfinished = done  # the worker still runs it: the instance is busy until it ends
+                # The worker still runs the batch: the instance is busy until it ends.
+                self._unfinished = session.finished(done) if done.cancelled() else done
                 raise
         # Default scheduler: the next requests are already queued in the worker's socket while this
         # one runs, so the worker goes from one execute to the next without sleeping in between, and

@@ -99,6 +99,8 @@ class WorkerSession:
                  services: ServerServices | None, shm_prefix: str, on_death: Callable[[WorkerSession], None],
                  shm_sizes: tuple[int, int] = (DEFAULT_BYTE_SIZE, GROWTH_BYTE_SIZE)) -> None:
         self.name = name
+        # Kept: asyncio.get_running_loop() costs a getpid() system call on every use.
+        self._loop = asyncio.get_running_loop()
         self._launch = launch
         self._init = dict(init)
         self._input_types = input_types
@@ -132,7 +134,7 @@ class WorkerSession:
     # ------------------------------------------------------------ start / stop
 
     async def start(self) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         self._started = loop.create_future()
         self.outputs = OutputReader(self.peers, self.release_peer, loop)
         process, sock = spawn(self._launch)
@@ -281,7 +283,7 @@ class WorkerSession:
         if len(self._releases) >= RELEASE_BATCH:
             self.flush_releases()
         elif self._release_timer is None:
-            self._release_timer = asyncio.get_running_loop().call_later(RELEASE_DELAY, self.flush_releases)
+            self._release_timer = self._loop.call_later(RELEASE_DELAY, self.flush_releases)
 
     def take_releases(self) -> list[str]:
         releases, self._releases = self._releases, []
@@ -300,7 +302,7 @@ class WorkerSession:
     def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future[Any]:
         """Send one batch; the future resolves with the execution's (start, end) when execute returned
         (None when the worker was lost first)."""
-        future = asyncio.get_running_loop().create_future()
+        future = self._loop.create_future()
         groups = []
         input_types = self._input_types
         for request in requests:
@@ -324,6 +326,19 @@ class WorkerSession:
                 self.pool.release(block)
             raise
         return future
+
+    def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        """`future`, from submit(), was cancelled along with its caller while the worker may still run its
+        batch: a fresh future that resolves when the batch has finished (at once if it has)."""
+        for batch in self._batches.values():
+            if batch.future is future:
+                if not batch.done and self.alive:
+                    batch.future = self._loop.create_future()
+                    return batch.future
+                break
+        ended = self._loop.create_future()
+        ended.set_result(None)
+        return ended
 
     def _close_if_complete(self, batch_id: int, batch: _Batch) -> None:
         if batch.done and not batch.open:
@@ -452,7 +467,7 @@ class WorkerSession:
             self.closing = True
 
     def _start_task(self, call_id: int, coroutine: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
+        task = self._loop.create_task(coroutine)
         self._tasks[call_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
 

@@ -216,6 +216,8 @@ class WorkerRuntime:
         os._exit(0)
 
     def _release_blocks(self, names: list[Any]) -> None:
+        if not names:
+            return
         for name in names:
             self.pool.release(name)
         dropped = self.pool.take_dropped()
