@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.grpc.infer_codec import decode_infer_request
 from naiad.frontends.sockets import bind_shared_sockets
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
@@ -21,6 +23,7 @@ from naiad.frontends.workers.codec import (
     request_to_wire,
     response_from_wire,
     response_to_wire,
+    tensor_to_wire,
 )
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
@@ -285,3 +288,19 @@ def test_an_inline_infer_is_answered_in_the_turn_that_read_it_and_a_waiting_one_
     assert inline_left == 0 and queued == 2
     assert cancelled == 1  # request 3: its client went away while it waited
     assert [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1), (wire.RESULT, 2)]
+
+
+def test_tensors_the_decoders_make_travel_flat_not_pickled() -> None:
+    """np.frombuffer over a protobuf field or an HTTP body gives native but not "builtin" dtypes
+    (the gRPC and binary HTTP decoders'): they travel as (dtype, shape, bytes), 5x cheaper to pickle."""
+    message = pb.ModelInferRequest(model_name="m", raw_input_contents=[np.arange(4, dtype="<f4").tobytes()])
+    message.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+    decoded = decode_infer_request(pb.ModelInferRequest.FromString(message.SerializeToString()), False)
+    wired = request_to_wire(decoded)
+    tensor = wired[3][0][3]
+    assert isinstance(tensor, tuple) and tensor[0] == "<f4" and tensor[1] == (1, 4)
+    back = request_from_wire(pickle.loads(pickle.dumps(wired, protocol=5)))
+    assert back.inputs[0].data.dtype == np.float32
+    np.testing.assert_array_equal(back.inputs[0].data, [[0, 1, 2, 3]])
+    big_endian = np.arange(3, dtype=">i4")  # not native: pickled as it is, and still right
+    assert isinstance(tensor_to_wire(big_endian), np.ndarray)
