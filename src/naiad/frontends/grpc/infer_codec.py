@@ -131,7 +131,6 @@ _RAW_FIXED: dict[str, tuple[int, np.dtype, np.dtype | None]] = {
 
 
 def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool) -> list[InferInput]:
-    model = request.model_name
     raw = request.raw_input_contents
     n_raw = len(raw)
     raw_index = 0

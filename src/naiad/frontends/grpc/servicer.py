@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
@@ -15,7 +17,7 @@ from naiad.frontends.grpc.infer_codec import (
     decode_infer_request,
     encode_infer_response,
 )
-from naiad.frontends.grpc.status import guarded, status_of
+from naiad.frontends.grpc.status import error_of, guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
 from naiad.observability.trace_context import incoming_traceparent, propagating
@@ -141,16 +143,24 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._inference.check_servable(request.model_name, request.model_version)
             raise
 
-    @guarded
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        decoded = self._decode(request)
-        metadata = context.invocation_metadata() if propagating() else ()
+        # guarded's error handling, inline: the hottest call is spared a coroutine layer
         try:
-            with incoming_traceparent(metadata or ()):
+            decoded = self._decode(request)
+            if propagating():
+                with incoming_traceparent(context.invocation_metadata() or ()):
+                    response = await self._inference.infer(decoded)
+            else:
                 response = await self._inference.infer(decoded)
+            return encode_infer_response(response)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
         except DecoupledModelError:
-            raise unsupported(DECOUPLED_UNARY_MESSAGE) from None
-        return encode_infer_response(response)
+            err = unsupported(DECOUPLED_UNARY_MESSAGE)
+        except Exception as exc:
+            err = error_of(exc)
+        await context.abort(status_of(err), err.message)
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
