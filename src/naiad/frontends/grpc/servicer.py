@@ -14,9 +14,9 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from naiad.frontends.grpc.infer_codec import (
     SHM_DISABLED_MESSAGE,
-    decode_infer_request,
     encode_infer_response,
 )
+from naiad.frontends.grpc.infer_memo import InferDecoder
 from naiad.frontends.grpc.status import error_of, guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
@@ -67,6 +67,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self._server = server
         self._inference = server.inference
         self._allow_shm = server.config.allow_client_shm
+        self._decoder = InferDecoder(self._allow_shm)
 
     async def _stream_responses(
         self, request: InferenceRequest
@@ -138,7 +139,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         got wrong. The model is looked up only when decoding fails: a good request is looked up once, in infer."""
         check_model_name(request.model_name)
         try:
-            return decode_infer_request(request, self._allow_shm)
+            return self._decoder.decode(request)
         except NaiadError:
             self._inference.check_servable(request.model_name, request.model_version)
             raise

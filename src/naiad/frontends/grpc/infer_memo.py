@@ -1,0 +1,104 @@
+"""ModelInferRequest decoding that remembers the layout of requests it has seen.
+
+A client sends the same request again and again with other tensor bytes: same model, same input
+names, datatypes and shapes, same requested outputs. Reading those fields out of a protobuf
+message costs several microseconds a request; the message without its `raw_input_contents` is
+the key under which what they decoded to is kept, so a request seen before only has its raw
+tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
+parameters, no shared memory, no classification): decoding them is a function of the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from naiad.frontends.grpc.infer_codec import decode_infer_request
+from naiad.protocol.datatypes import WIRE_DTYPES
+from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
+
+MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
+MAX_KEY = 4096        # larger messages (long ids, many tensors) are decoded in full every time
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    dtype: np.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    model_name: str
+    model_version: str
+    id: str
+    inputs: tuple[_Input, ...]
+    outputs: tuple[str, ...]
+
+
+def _layout_of(request: pb.ModelInferRequest, decoded: InferenceRequest) -> _Layout | None:
+    """What a plain request decoded to, or None when it is not plain."""
+    if request.parameters or len(request.raw_input_contents) != len(decoded.inputs):
+        return None
+    inputs = []
+    for tensor in decoded.inputs:
+        data, wire = tensor.data, WIRE_DTYPES.get(tensor.datatype)
+        if (tensor.parameters or tensor.shared_memory is not None or data is None or wire is None
+                or not wire.isnative):  # BYTES, or a big-endian host (arrays are converted copies there)
+            return None
+        inputs.append(_Input(tensor.name, tensor.datatype, tensor.shape, data.nbytes, wire))
+    for output in decoded.outputs:
+        if output.parameters or output.classification or output.shared_memory is not None:
+            return None
+    return _Layout(decoded.model_name, decoded.model_version, decoded.id, tuple(inputs),
+                   tuple(output.name for output in decoded.outputs))
+
+
+def _build(layout: _Layout, buffers: list[bytes]) -> InferenceRequest | None:
+    """The request of `layout` with these raw tensors; None when they do not fit it (the full decode
+    then says what is wrong)."""
+    specs = layout.inputs
+    if len(buffers) != len(specs):
+        return None
+    inputs = []
+    for spec, buffer in zip(specs, buffers):
+        if len(buffer) != spec.nbytes:
+            return None
+        inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
+                                 {}, None))
+    return InferenceRequest(layout.model_name, inputs, layout.model_version, layout.id,
+                            [RequestedOutput(name) for name in layout.outputs])
+
+
+class InferDecoder:
+    """decode_infer_request with the memo described above (one per servicer: `allow_shared_memory` is fixed)."""
+
+    def __init__(self, allow_shared_memory: bool) -> None:
+        self._allow_shared_memory = allow_shared_memory
+        self._memo: dict[bytes, _Layout] = {}
+
+    def decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
+        """As decode_infer_request; raises NaiadError. The arrays are read-only views of the tensor bytes."""
+        buffers = list(request.raw_input_contents)
+        request.ClearField("raw_input_contents")
+        key = request.SerializeToString()
+        layout = self._memo.get(key)
+        if layout is not None:
+            decoded = _build(layout, buffers)
+            if decoded is not None:
+                request.raw_input_contents.extend(buffers)
+                return decoded
+        request.raw_input_contents.extend(buffers)
+        decoded = decode_infer_request(request, self._allow_shared_memory)
+        if len(key) <= MAX_KEY:
+            layout = _layout_of(request, decoded)
+            if layout is not None:
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[key] = layout
+        return decoded
