@@ -1,4 +1,4 @@
-"""Unit tests of InferDecoder: remembered request layouts decode exactly as the full decoder does."""
+"""Unit tests of InferDecoder and InferEncoder: what they remember gives exactly what the full codec gives."""
 
 from __future__ import annotations
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.grpc.infer_codec import decode_infer_request
-from naiad.frontends.grpc.infer_memo import MEMO_LIMIT, InferDecoder
+from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
+from naiad.frontends.grpc.infer_memo import MEMO_LIMIT, InferDecoder, InferEncoder
 from naiad.protocol.errors import ErrorCode, NaiadError
+from naiad.protocol.types import InferenceResponse, OutputTensor
 
 
 def _request(a: np.ndarray, b: np.ndarray, model: str = "add_sub", request_id: str = "") -> pb.ModelInferRequest:
@@ -96,3 +97,28 @@ def test_memo_stays_bounded() -> None:
     for i in range(3 * MEMO_LIMIT):
         assert decoder.decode(_request(a, a, request_id=str(i))).id == str(i)
     assert len(decoder._memo) <= MEMO_LIMIT
+
+
+def _response(outputs: list[OutputTensor], **extra: object) -> InferenceResponse:
+    return InferenceResponse(model_name="add_sub", model_version="1", outputs=outputs, **extra)  # type: ignore[arg-type]
+
+
+def test_encoded_responses_are_the_full_serialization() -> None:
+    encoder = InferEncoder()
+    rng = np.random.default_rng(1)
+    cases = []
+    for n in (16, 16, 300, 0):  # a remembered layout, a new shape, a long tensor (2-byte varint), an empty one
+        data = rng.standard_normal((1, n)).astype(np.float32)
+        cases.append(_response([OutputTensor("OUTPUT0", "FP32", (1, n), data),
+                                OutputTensor("OUTPUT1", "INT64", [1, n], data.astype(np.int64))], id="r"))
+    strings = np.array([b"ab", b""], dtype=np.object_)
+    cases.append(_response([OutputTensor("S", "BYTES", (2,), strings)]))
+    cases.append(_response([OutputTensor("P", "FP32", (1,), np.ones(1, np.float32), {"k": 1})]))  # parameters
+    cases.append(_response([OutputTensor("P", "FP32", (1,), np.ones(1, np.float32))], parameters={"x": "y"}))
+    cases.append(_response([OutputTensor("SHM", "FP32", (4,), None)]))  # written to shared memory
+    for response in cases * 2:
+        encoded = encoder.encode(response)
+        assert encoded == encode_infer_response(response).SerializeToString()
+        decoded = pb.ModelInferResponse.FromString(encoded)
+        assert [bytes(raw) for raw in decoded.raw_output_contents] == [
+            b"" if out.data is None else raw_bytes(out.data, out.datatype) for out in response.outputs]

@@ -174,7 +174,8 @@ class H2GrpcServer:
                 call = handler.unary_unary if not handler.request_streaming else handler.stream_unary
                 response = await call(request, ctx)
                 if ctx.code_ is None or ctx.code_ is _OK:
-                    payload = serialize(response) if serialize else response
+                    # a handler may return its message already serialized
+                    payload = response if serialize is None or type(response) is bytes else serialize(response)
                     if not ctx.details_ and not ctx.trailing:
                         conn.answer(stream, payload)
                         return

@@ -1,4 +1,4 @@
-"""ModelInferRequest decoding that remembers the layout of requests it has seen.
+"""ModelInfer decoding and encoding that remember the layout of the requests and responses they have seen.
 
 A client sends the same request again and again with other tensor bytes: same model, same input
 names, datatypes and shapes, same requested outputs. Reading those fields out of a protobuf
@@ -15,12 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.grpc.infer_codec import decode_infer_request
+from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
 from naiad.protocol.datatypes import WIRE_DTYPES
-from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 
 MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
-MAX_KEY = 4096        # larger messages (long ids, many tensors) are decoded in full every time
+MAX_KEY = 4096        # larger messages (long ids, many tensors) are not remembered
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +102,56 @@ class InferDecoder:
                     self._memo.clear()
                 self._memo[key] = layout
         return decoded
+
+
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class InferEncoder:
+    """encode_infer_response, serialized, for Naiad's own gRPC server (which sends bytes as they are).
+
+    raw_output_contents is the last field of ModelInferResponse, so a serialized response is the
+    message without it followed by one length-delimited field per output: that first part is kept
+    per (model, version, id, outputs' names, datatypes and shapes) and only the tensors are appended.
+    Responses with parameters are serialized in full."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[object, ...], bytes] = {}
+
+    def encode(self, response: InferenceResponse) -> bytes:
+        if response.parameters:
+            return encode_infer_response(response).SerializeToString()
+        key: list[object] = [response.model_name, response.model_version, response.id]
+        parts = []
+        for out in response.outputs:
+            if out.parameters or out.data is None:
+                return encode_infer_response(response).SerializeToString()
+            key += (out.name, out.datatype, tuple(out.shape))
+            raw = raw_bytes(out.data, out.datatype)
+            parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+        frozen = tuple(key)
+        head = self._memo.get(frozen)
+        if head is None:
+            head = self._head(response)
+            if len(head) <= MAX_KEY:
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[frozen] = head
+        return head + b"".join(parts)
+
+    @staticmethod
+    def _head(response: InferenceResponse) -> bytes:
+        message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                        id=response.id)
+        for out in response.outputs:
+            message.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        return message.SerializeToString()

@@ -117,7 +117,7 @@ class GrpcFrontend:
             max_message_size=config.grpc_max_message_size,
             max_decompressed_size=config.grpc_max_decompressed_size,
         )
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), h2)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server, serialized_responses=True), h2)
         h2.add_generic_rpc_handlers((health_handler(self._server),))
         try:
             port = await h2.start(self._host, self._port, context)

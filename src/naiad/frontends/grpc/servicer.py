@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -16,7 +16,7 @@ from naiad.frontends.grpc.infer_codec import (
     SHM_DISABLED_MESSAGE,
     encode_infer_response,
 )
-from naiad.frontends.grpc.infer_memo import InferDecoder
+from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
 from naiad.frontends.grpc.status import error_of, guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
@@ -63,11 +63,15 @@ def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe v2 gRPC service on top of the Server facade."""
 
-    def __init__(self, server: ServerAPI) -> None:
+    def __init__(self, server: ServerAPI, serialized_responses: bool = False) -> None:
+        """`serialized_responses`: ModelInfer returns its response serialized (for a server that sends
+        bytes as they are; grpcio serializes the message itself)."""
         self._server = server
         self._inference = server.inference
         self._allow_shm = server.config.allow_client_shm
         self._decoder = InferDecoder(self._allow_shm)
+        self._encode: Callable[[InferenceResponse], pb.ModelInferResponse | bytes] = (
+            InferEncoder().encode if serialized_responses else encode_infer_response)
 
     async def _stream_responses(
         self, request: InferenceRequest
@@ -144,7 +148,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             self._inference.check_servable(request.model_name, request.model_version)
             raise
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse | bytes:
         # guarded's error handling, inline: the hottest call is spared a coroutine layer
         try:
             decoded = self._decode(request)
@@ -153,7 +157,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
                     response = await self._inference.infer(decoded)
             else:
                 response = await self._inference.infer(decoded)
-            return encode_infer_response(response)
+            return self._encode(response)
         except (asyncio.CancelledError, grpc.aio.AbortError):
             raise
         except DecoupledModelError:
