@@ -1,4 +1,4 @@
-"""`naiad serve --frontend-processes 2`: the HTTP/REST and gRPC ports served by worker processes give the
+"""`naiad serve --frontend-processes N`: the HTTP/REST and gRPC ports served by worker processes give the
 one server's answers (statistics, model control, shared memory, metrics, errors), and survive a worker's death."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ _PIDS = re.compile(r"HTTP/REST served by \d+ frontend worker processes \(pids ([
 _GRPC_PIDS = re.compile(r"gRPC served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
 _RESTARTED = re.compile(r"HTTP/REST frontend worker (\d+) started again \(pid (\d+)\)")
 _GRPC_RESTARTED = re.compile(r"gRPC frontend worker (\d+) started again \(pid (\d+)\)")
-GRPC = ("--grpc-server-impl", "grpcio")  # the workers' gRPC server, whatever the suite's default
+GRPC = ("--grpc-server-impl", "naiad")  # the workers' gRPC server, whatever the suite's default
 # A lone request waits this long for company: it is still queued when its client gives up.
 QUEUED = "dynamic_batching { max_queue_delay_microseconds: 30000000 preferred_batch_size: [8] }"
 
@@ -241,21 +241,43 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Pat
     assert not any("Traceback" in line for line in server.output), "".join(server.output)
 
 
-def test_flag_refuses_the_naiad_grpc_server_with_workers(tmp_path: Path) -> None:
-    with pytest.raises(RuntimeError) as info:
-        start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), "--grpc-server-impl", "naiad",
-                     timeout=60)
-    assert "--grpc-server-impl naiad cannot serve gRPC from --frontend-processes" in str(info.value)
-
-
 def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
-    for bad in ("0", "many"):
+    for bad in ("-1", "65", "many"):
         with pytest.raises(RuntimeError) as info:
             start_server(_repository(tmp_path / bad), "--frontend-processes", bad, timeout=60)
         assert "--frontend-processes" in str(info.value)
 
 
-# ---------------------------------------------------------------- gRPC (grpcio in every worker)
+def test_one_worker_serves_each_port_beside_the_core_and_zero_serves_them_in_it(tmp_path: Path) -> None:
+    """1: one worker per port (the layout for two cores); 0: the ports in the server process."""
+    for count, workers in (("1", 1), ("0", 0)):
+        with start_server(_repository(tmp_path / count), "--frontend-processes", count, "--model-control-mode",
+                          "explicit", "--load-model", "add_sub", *GRPC) as server:
+            if workers:
+                assert len(worker_pids(server, _PIDS)) == len(worker_pids(server, _GRPC_PIDS)) == workers
+            else:
+                assert not any("frontend worker" in line for line in server.output), "".join(server.output)
+            status, body = call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([1, 2, 3, 4], [1, 1, 1, 1]))
+            assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2, 3, 4, 5], body
+            np.testing.assert_array_equal(grpc_add_sub(server, [1, 2, 3, 4], [1, 1, 1, 1])[0], [[2, 3, 4, 5]])
+            assert success_count(server, "add_sub") == 2
+
+
+# ---------------------------------------------------------------- gRPC (Naiad's own HTTP/2 server or grpcio in every worker)
+
+
+@pytest.fixture(scope="module", params=["naiad", "grpcio"])
+def grpc_server(request: pytest.FixtureRequest, server: RunningServer,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """The module's server (Naiad's own gRPC server in the workers), then one whose workers run grpcio."""
+    if request.param == "naiad":
+        yield server
+        return
+    repo = _repository(tmp_path_factory.mktemp("frontend_processes_grpcio"))
+    with start_server(repo, "--frontend-processes", str(WORKERS), "--model-control-mode", "explicit",
+                      "--load-model", "add_sub", "--load-model", "queued_grpc", "--load-model", "counter",
+                      "--grpc-server-impl", "grpcio") as running:
+        yield running
 
 
 def grpc_inputs(a: list[int], b: list[int]) -> list[grpcclient.InferInput]:
@@ -279,26 +301,26 @@ def grpc_error(call, *args, **kwargs) -> tuple[str, str]:
     return info.value.status(), info.value.message()
 
 
-def test_grpc_infer_metadata_and_statistics_count_every_request(server: RunningServer) -> None:
-    assert len(worker_pids(server, _GRPC_PIDS)) == WORKERS  # gRPC is served by the workers
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+def test_grpc_infer_metadata_and_statistics_count_every_request(grpc_server: RunningServer) -> None:
+    assert len(worker_pids(grpc_server, _GRPC_PIDS)) == WORKERS  # gRPC is served by the workers
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         before = client.get_inference_statistics("add_sub").model_stats[0].inference_stats.success.count
         metadata = client.get_model_metadata("add_sub")
         assert metadata.name == "add_sub" and metadata.inputs[0].shape == [-1, 4]
         assert client.get_model_config("add_sub").config.name == "add_sub"
         assert client.is_server_ready() and client.is_model_ready("add_sub")
     for i in range(CONNECTIONS):
-        total, difference = grpc_add_sub(server, [i, 2, 3, 4], [1, 1, 1, 1])
+        total, difference = grpc_add_sub(grpc_server, [i, 2, 3, 4], [1, 1, 1, 1])
         np.testing.assert_array_equal(total, [[i + 1, 3, 4, 5]])
         np.testing.assert_array_equal(difference, [[i - 1, 1, 2, 3]])
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         stats = client.get_inference_statistics("add_sub").model_stats[0].inference_stats
     assert stats.success.count == before + CONNECTIONS
-    assert success_count(server, "add_sub") == before + CONNECTIONS  # the same count over HTTP
+    assert success_count(grpc_server, "add_sub") == before + CONNECTIONS  # the same count over HTTP
 
 
-def test_grpc_errors_are_the_single_servers(server: RunningServer) -> None:
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+def test_grpc_errors_are_the_single_servers(grpc_server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         # an unknown model is NOT_FOUND whatever its tensors (decoded in the worker or not)
         assert grpc_error(client.infer, "nope", grpc_inputs([1, 2, 3, 4], [1, 2, 3, 4])) == (
             "StatusCode.NOT_FOUND", "Request for unknown model: 'nope' is not found")
@@ -309,37 +331,37 @@ def test_grpc_errors_are_the_single_servers(server: RunningServer) -> None:
             "StatusCode.UNIMPLEMENTED", "ModelInfer RPC doesn't support models with decoupled transaction policy")
         assert grpc_error(client.load_model, "../escape")[0] == "StatusCode.INVALID_ARGUMENT"  # the guard, in the worker
         assert not client.is_model_ready("nope")
-    np.testing.assert_array_equal(grpc_add_sub(server, [1, 2, 3, 4], [0, 0, 0, 0])[0], [[1, 2, 3, 4]])  # still serving
+    np.testing.assert_array_equal(grpc_add_sub(grpc_server, [1, 2, 3, 4], [0, 0, 0, 0])[0], [[1, 2, 3, 4]])  # still serving
 
 
-def test_grpc_model_loaded_through_one_worker_is_ready_through_all(server: RunningServer) -> None:
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+def test_grpc_model_loaded_through_one_worker_is_ready_through_all(grpc_server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         client.load_model("identity_fp32")
     for _ in range(CONNECTIONS):
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
             assert client.is_model_ready("identity_fp32")
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         tensor = grpcclient.InferInput("INPUT0", [1, 2], "FP32")
         tensor.set_data_from_numpy(np.array([[1.5, 2.5]], np.float32))
         np.testing.assert_array_equal(client.infer("identity_fp32", [tensor]).as_numpy("OUTPUT0"), [[1.5, 2.5]])
         client.unload_model("identity_fp32")
     for _ in range(CONNECTIONS):
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
             assert not client.is_model_ready("identity_fp32")
-    assert call(server, "GET", "/v2/models/identity_fp32/ready")[0] == 400  # and over HTTP
+    assert call(grpc_server, "GET", "/v2/models/identity_fp32/ready")[0] == 400  # and over HTTP
 
 
-def test_grpc_system_shared_memory_registered_once_serves_every_worker(server: RunningServer) -> None:
+def test_grpc_system_shared_memory_registered_once_serves_every_worker(grpc_server: RunningServer) -> None:
     key = f"/naiad_grpc_workers_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     region = shm.create_shared_memory_region("gio", key, 64)
     try:
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
             client.register_system_shared_memory("gio", key, 64)
         for i in range(4):
             a = np.array([[i, 2, 3, 4]], np.int32)
             b = np.array([[10, 20, 30, 40]], np.int32)
             shm.set_shared_memory_region(region, [a, b])
-            with grpcclient.InferenceServerClient(server.grpc_url) as client:  # a fresh connection each time
+            with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:  # a fresh connection each time
                 inputs = [grpcclient.InferInput(f"INPUT{j}", [1, 4], "INT32") for j in (0, 1)]
                 inputs[0].set_shared_memory("gio", 16)
                 inputs[1].set_shared_memory("gio", 16, offset=16)
@@ -348,10 +370,10 @@ def test_grpc_system_shared_memory_registered_once_serves_every_worker(server: R
                 client.infer("add_sub", inputs, outputs=[output])
                 np.testing.assert_array_equal(shm.get_contents_as_numpy(region, np.int32, [1, 4], offset=32), a + b)
                 assert list(client.get_system_shared_memory_status().regions) == ["gio"]
-        with grpcclient.InferenceServerClient(server.grpc_url) as client:
+        with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
             client.unregister_system_shared_memory("gio")
             assert list(client.get_system_shared_memory_status().regions) == []
-        assert json.loads(call(server, "GET", "/v2/systemsharedmemory/status")[1]) == []
+        assert json.loads(call(grpc_server, "GET", "/v2/systemsharedmemory/status")[1]) == []
     finally:
         shm.destroy_shared_memory_region(region)
 
@@ -362,9 +384,9 @@ def _count(value: int) -> grpcclient.InferInput:
     return tensor
 
 
-def test_grpc_stream_on_a_decoupled_model_is_relayed_both_ways(server: RunningServer) -> None:
+def test_grpc_stream_on_a_decoupled_model_is_relayed_both_ways(grpc_server: RunningServer) -> None:
     results: queue.Queue = queue.Queue()
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         client.start_stream(callback=lambda result, error: results.put((result, error)))
         client.async_stream_infer("counter", [_count(3)], request_id="three", enable_empty_final_response=True)
         client.async_stream_infer("counter", [_count(-1)], request_id="bad")
@@ -385,17 +407,17 @@ def test_grpc_stream_on_a_decoupled_model_is_relayed_both_ways(server: RunningSe
     assert errors == ["count must not be negative, got -1"]
 
 
-def test_grpc_client_gone_cancels_its_request_in_the_core(server: RunningServer) -> None:
-    with grpcclient.InferenceServerClient(server.grpc_url) as client:
+def test_grpc_client_gone_cancels_its_request_in_the_core(grpc_server: RunningServer) -> None:
+    with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         status, _ = grpc_error(client.infer, "queued_grpc", grpc_inputs([1, 2, 3, 4], [1, 1, 1, 1]), client_timeout=2.0)
     assert status == "StatusCode.DEADLINE_EXCEEDED"
-    wait_until(lambda: metric(server, "nv_inference_request_failure", "queued_grpc", "CANCELED") == 1,
+    wait_until(lambda: metric(grpc_server, "nv_inference_request_failure", "queued_grpc", "CANCELED") == 1,
                "the cancelled request to be counted", timeout=30)
-    assert metric(server, "nv_inference_pending_request_count", "queued_grpc") == 0
-    assert metric(server, "nv_inference_request_success", "queued_grpc") == 0
+    assert metric(grpc_server, "nv_inference_pending_request_count", "queued_grpc") == 0
+    assert metric(grpc_server, "nv_inference_request_success", "queued_grpc") == 0
 
 
-def test_grpc_stream_messages_sent_at_once_are_all_answered(server: RunningServer) -> None:
+def test_grpc_stream_messages_sent_at_once_are_all_answered(grpc_server: RunningServer) -> None:
     """The request messages of a stream reach the core in the same read as its start: none is lost."""
     def request(request_id: str, value: int) -> pb.ModelInferRequest:
         message = pb.ModelInferRequest(model_name="add_sub", id=request_id,
@@ -404,7 +426,7 @@ def test_grpc_stream_messages_sent_at_once_are_all_answered(server: RunningServe
             message.inputs.add(name=name, datatype="INT32", shape=[1, 4])
         return message
 
-    with grpc.insecure_channel(server.grpc_url) as channel:
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
         calls = [stub.ModelStreamInfer(iter([request(f"s{n}-{i}", i) for i in range(5)])) for n in range(4)]
         for n, stream in enumerate(calls):

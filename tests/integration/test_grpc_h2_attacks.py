@@ -1,7 +1,8 @@
 """The real server on Naiad's own HTTP/2 gRPC implementation under attack from raw h2c clients on
 loopback: each attack runs a few seconds (reconnecting whenever the server closes the attacker)
 while a tritonclient.grpc client keeps calling a model. The server must stay up, serve every normal
-call with bounded latency, and keep its memory growth bounded."""
+call with bounded latency, and keep its memory growth bounded: served from one process, and from
+frontend worker processes (the same server runs in each of them)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import tritonclient.grpc as grpcclient
 
 from tests.support.h2_attacks import ATTACKS, attack_in_thread, new_stats
 from tests.support.onnx_models import add_sub_model
+from tests.support.process_tree import tree_rss
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
@@ -26,20 +28,19 @@ MAX_RSS_KEPT_MIB = 12  # what may stay resident 10 s after an attack
 MAX_MEDIAN_LATENCY = 1.0  # seconds; the idle server answers in milliseconds (the machine may be loaded)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+@pytest.fixture(scope="module", params=[0, 2], ids=["one-process", "frontend-workers"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo: Path = tmp_path_factory.mktemp("h2_attacks") / "models"
     add_sub_model(repo, "add_sub", datatype="INT32", dims=4)
-    with start_server(repo, "--grpc-server-impl", "naiad") as running:
+    with start_server(repo, "--grpc-server-impl", "naiad", "--frontend-processes", str(request.param)) as running:
         yield running
 
 
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
+    """The server's resident memory, its frontend worker processes' included."""
+    own, children = tree_rss(pid)
+    assert own, "the server is gone"
+    return (own + children) / (1 << 20)
 
 
 @pytest.mark.parametrize("kind", sorted(ATTACKS))

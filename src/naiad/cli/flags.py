@@ -133,29 +133,13 @@ def missing_repository(args: argparse.Namespace) -> bool:
     return not args.model_repository and not default_repositories(os.environ)
 
 
-def conflicting_flags(args: argparse.Namespace) -> str | None:
-    """Flags that cannot be served together, as the message refusing them; None when they can."""
-    if args.frontend_processes > 1 and args.allow_grpc and args.grpc_server_impl == "naiad":
-        return ("--grpc-server-impl naiad cannot serve gRPC from --frontend-processes worker processes (they run "
-                "grpcio): use --grpc-server-impl grpcio (the default with them), --frontend-processes 1 or "
-                "--allow-grpc false")
-    return None
-
-
-def _grpc_server_impl(args: argparse.Namespace) -> str:
-    """--grpc-server-impl as given; unset: the own server, or grpcio when worker processes serve gRPC."""
-    if args.grpc_server_impl:
-        return str(args.grpc_server_impl)
-    return "grpcio" if args.frontend_processes > 1 else ServerConfig.grpc_server_impl
-
-
 def _process_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number of processes, got '{text}'") from None
-    if not 1 <= value <= MAX_FRONTEND_PROCESSES:
-        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_FRONTEND_PROCESSES}, got {value}")
+    if not 0 <= value <= MAX_FRONTEND_PROCESSES:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_FRONTEND_PROCESSES}, got {value}")
     return value
 
 
@@ -178,9 +162,9 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
                         metavar="SECS", help="answer 408 when a request body is not complete within this time")
     parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
-                        help="serve the HTTP/REST port and the gRPC port (grpcio) from N worker processes each, "
+                        help="serve the HTTP/REST port and the gRPC port from N worker processes each, "
                         "that decode and encode requests and hand them to this process (models, batching, "
-                        "statistics, model control stay here, one server); 1 = all in this process (default)")
+                        "statistics, model control stay here, one server); 0 = all in this process (default)")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
@@ -189,11 +173,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="address the gRPC endpoint listens on")
     parser.add_argument("--grpc-port", type=int, default=d.grpc_port, metavar="PORT",
                         help="gRPC port (inference.GRPCInferenceService); 0 picks a free port")
-    parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=None,
+    parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default=d.grpc_server_impl,
                         help="gRPC server implementation: Naiad's own HTTP/2 server (default; about twice "
                         "grpcio's calls per second, with the defences against the attacks listed in "
                         "docs/security.md: rapid reset, frame floods, unread writes, compression bombs) or "
-                        "grpcio's grpc.aio (gRPC C-core, as Triton; the default with --frontend-processes >= 2)")
+                        "grpcio's grpc.aio (gRPC C-core, as Triton); either one in each --frontend-processes worker")
     parser.add_argument("--grpc-incomplete-request-timeout-secs", type=parse_positive_secs,
                         default=d.grpc_incomplete_request_timeout_secs, metavar="SECS",
                         help="reset a gRPC call whose request stops arriving half-way for this long (and close a "
@@ -368,7 +352,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,
         grpc_port=args.grpc_port,
-        grpc_server_impl=_grpc_server_impl(args),
+        grpc_server_impl=args.grpc_server_impl,
         grpc_incomplete_request_timeout_secs=args.grpc_incomplete_request_timeout_secs,
         grpc_max_message_size=args.grpc_max_message_size,
         grpc_max_decompressed_size=args.grpc_max_decompressed_size,

@@ -9,7 +9,6 @@ from naiad.cli.flags import (
     ServeHelpFormatter,
     add_serve_flags,
     config_from_args,
-    conflicting_flags,
     ignored_flag_warnings,
     missing_repository,
 )
@@ -72,9 +71,6 @@ def main(argv: list[str] | None = None) -> int:
         if missing_repository(args):
             serve.error("--model-repository is required: the directory that holds your model directories "
                         "(e.g. --model-repository examples/models)")
-        conflict = conflicting_flags(args)
-        if conflict is not None:
-            serve.error(conflict)
         return run_serve(config_from_args(args), changed_settings(serve, args), ignored_flag_warnings(args))
     if args.command == "perf":
         from naiad.tools.perf.cli import run as run_perf

@@ -52,11 +52,11 @@ def _frontend_class(key: str, config: ServerConfig) -> type:
     from naiad.frontends.sagemaker import SageMakerFrontend
     from naiad.frontends.vertex import VertexFrontend
 
-    if key == "http_port" and config.frontend_processes > 1:
+    if key == "http_port" and config.frontend_processes > 0:
         from naiad.frontends.workers.pool import WorkerHttpFrontend
 
         return WorkerHttpFrontend
-    if key == "grpc_port" and config.frontend_processes > 1:
+    if key == "grpc_port" and config.frontend_processes > 0:
         from naiad.frontends.workers.pool import WorkerGrpcFrontend
 
         return WorkerGrpcFrontend

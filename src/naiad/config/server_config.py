@@ -24,8 +24,9 @@ class ServerConfig:
     http_ssl_client_cert_required: bool = False
     http_restricted_api: list[str] = field(default_factory=list)  # "<group>[,...]:<key>=<value>" entries
     http_header_forward_pattern: str = ""
-    # N >= 2: the HTTP/REST port's protocol work runs in N worker processes feeding this one; 1 = in this process
-    frontend_processes: int = 1
+    # N >= 1: the HTTP/REST and gRPC ports' protocol work runs in N worker processes each, feeding this
+    # one; 0 = in this process
+    frontend_processes: int = 0
     openai_port: int | None = None  # --openai-port: the /v1 API alone on its own port (it is also under /v1 on HTTP)
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"

@@ -35,8 +35,11 @@ def test_the_timeout_must_be_a_positive_number(value: str, capsys: pytest.Captur
 def test_the_own_server_serves_grpc_by_default_and_grpcio_stays_selectable(capsys: pytest.CaptureFixture[str]) -> None:
     assert _config().grpc_server_impl == "naiad"
     assert _config("--grpc-server-impl", "grpcio").grpc_server_impl == "grpcio"
-    # gRPC served from worker processes is grpcio's: unset, the flag follows
-    assert _config("--frontend-processes", "2").grpc_server_impl == "grpcio"
+    # frontend worker processes serve gRPC with the own server too, unless grpcio is asked for; by default
+    # there are none (0: every port in the server process)
+    assert _config().frontend_processes == 0 and _config("--frontend-processes", "1").frontend_processes == 1
+    assert _config("--frontend-processes", "2").grpc_server_impl == "naiad"
+    assert _config("--frontend-processes", "2", "--grpc-server-impl", "grpcio").grpc_server_impl == "grpcio"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())

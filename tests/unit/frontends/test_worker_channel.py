@@ -11,8 +11,10 @@ from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.grpc.infer_codec import decode_infer_request
 from naiad.frontends.sockets import bind_shared_sockets
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
@@ -21,6 +23,7 @@ from naiad.frontends.workers.codec import (
     request_to_wire,
     response_from_wire,
     response_to_wire,
+    tensor_to_wire,
 )
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
@@ -237,3 +240,67 @@ def test_a_relayed_grpc_stream_sends_at_most_the_window_ahead_of_the_core() -> N
     assert after_reads == wire.STREAM_WINDOW + 4
     assert responses == [b"r"]
     assert kinds[0] == wire.GRPC_CALL and wire.CANCEL not in kinds  # ended by the core: nothing to cancel
+
+
+class _Inference:
+    """An inference interface answering at once (an inline model) or once released (a queued one)."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.cancelled = 0
+
+    async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if request.model_name == "queued":
+            self.waiting[request.id] = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiting[request.id]
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return InferenceResponse(request.model_name, "1", [], request.id)
+
+
+def test_an_inline_infer_is_answered_in_the_turn_that_read_it_and_a_waiting_one_stays_cancellable() -> None:
+    def infer_message(request_id: int, model: str) -> tuple:
+        return (wire.INFER, request_id, request_to_wire(InferenceRequest(model, [], id=str(request_id))), "")
+
+    async def scenario() -> tuple[list[tuple], int, int, list[tuple], int]:
+        inference = _Inference()
+        dispatcher = Dispatcher(inference, None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        dispatcher.on_message(infer_message(1, "inline"))
+        answered_at_once = list(sent.messages)  # no task, no turn of the loop
+        in_flight_inline = len(dispatcher.tasks)
+        dispatcher.on_message(infer_message(2, "queued"))
+        dispatcher.on_message(infer_message(3, "queued"))  # cancelled before it is released
+        in_flight_queued = len(dispatcher.tasks)
+        dispatcher.on_message((wire.CANCEL, 3))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        inference.waiting["2"].set_result(None)
+        while len(sent.messages) < 2:
+            await asyncio.sleep(0.01)
+        return answered_at_once, in_flight_inline, in_flight_queued, sent.messages, inference.cancelled
+
+    at_once, inline_left, queued, messages, cancelled = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [(m[0], m[1]) for m in at_once] == [(wire.RESULT, 1)]
+    assert inline_left == 0 and queued == 2
+    assert cancelled == 1  # request 3: its client went away while it waited
+    assert [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1), (wire.RESULT, 2)]
+
+
+def test_tensors_the_decoders_make_travel_flat_not_pickled() -> None:
+    """np.frombuffer over a protobuf field or an HTTP body gives native but not "builtin" dtypes
+    (the gRPC and binary HTTP decoders'): they travel as (dtype, shape, bytes), 5x cheaper to pickle."""
+    message = pb.ModelInferRequest(model_name="m", raw_input_contents=[np.arange(4, dtype="<f4").tobytes()])
+    message.inputs.add(name="X", datatype="FP32", shape=[1, 4])
+    decoded = decode_infer_request(pb.ModelInferRequest.FromString(message.SerializeToString()), False)
+    wired = request_to_wire(decoded)
+    tensor = wired[3][0][3]
+    assert isinstance(tensor, tuple) and tensor[0] == "<f4" and tensor[1] == (1, 4)
+    back = request_from_wire(pickle.loads(pickle.dumps(wired, protocol=5)))
+    assert back.inputs[0].data.dtype == np.float32
+    np.testing.assert_array_equal(back.inputs[0].data, [[0, 1, 2, 3]])
+    big_endian = np.arange(3, dtype=">i4")  # not native: pickled as it is, and still right
+    assert isinstance(tensor_to_wire(big_endian), np.ndarray)

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import ctypes
 import logging
+import socket
 import ssl
 import sys
 from collections.abc import Callable, Iterable
@@ -208,11 +209,14 @@ class H2GrpcServer:
 
     # ------------------------------------------------------------------ listening
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
-        """Listen; returns the bound port (0 picks a free one)."""
-        if host.startswith("[") and host.endswith("]"):
-            host = host[1:-1]
-        sock = bind_socket(host, port)
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
+                    sock: socket.socket | None = None) -> int:
+        """Listen; returns the bound port (0 picks a free one). `sock`: serve this listening socket
+        instead (a frontend worker's share of the port)."""
+        if sock is None:
+            if host.startswith("[") and host.endswith("]"):
+                host = host[1:-1]
+            sock = bind_socket(host, port)
         try:
             self._listener = await self.loop.create_server(lambda: H2Connection(self), sock=sock, ssl=ssl_context,
                                                            backlog=BACKLOG)

@@ -8,6 +8,7 @@ grpcio's `grpc.aio` (`--grpc-server-impl grpcio`).
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +68,23 @@ def bind_address(host: str, port: int) -> str:
     return f"{host}:{port}"
 
 
+def h2_server(config: Any) -> H2GrpcServer:
+    """Naiad's own gRPC server with the guard and the limits of the server's flags (no handlers yet)."""
+    return H2GrpcServer(
+        guard=Guard(config.grpc_restricted_protocol, config.grpc_header_forward_pattern),
+        max_concurrent_streams=config.grpc_max_concurrent_streams,
+        max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
+        request_timeout=config.grpc_incomplete_request_timeout_secs,
+        max_message_size=config.grpc_max_message_size,
+        max_decompressed_size=config.grpc_max_decompressed_size,
+    )
+
+
+def tls_context(config: Any) -> ssl.SSLContext | None:
+    """The own server's TLS context from the server's flags (None: plaintext); OSError names an unreadable file."""
+    return ssl_context(config, _read)
+
+
 async def start_grpcio(config: ServerConfig, host: str, port: int, register: Callable[[grpc.aio.Server], None],
                        reuse_port: bool = False) -> tuple[grpc.aio.Server, int]:
     """The one grpcio set-up, of the core's gRPC port and of every frontend worker's: message and
@@ -108,15 +126,8 @@ class GrpcFrontend:
 
     async def _start_naiad(self) -> int:
         config = self._server.config
-        context = ssl_context(config, _read)
-        h2 = H2GrpcServer(
-            guard=Guard(config.grpc_restricted_protocol, config.grpc_header_forward_pattern),
-            max_concurrent_streams=config.grpc_max_concurrent_streams,
-            max_concurrent_rpcs=config.grpc_max_concurrent_rpcs,
-            request_timeout=config.grpc_incomplete_request_timeout_secs,
-            max_message_size=config.grpc_max_message_size,
-            max_decompressed_size=config.grpc_max_decompressed_size,
-        )
+        context = tls_context(config)
+        h2 = h2_server(config)
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server, serialized_responses=True), h2)
         h2.add_generic_rpc_handlers((health_handler(self._server),))
         try:

@@ -9,10 +9,12 @@ the rest give the one server's answers by construction.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
+from naiad.frontends.first_step import run_first_step
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.frontends.workers.codec import request_from_wire, response_to_wire
@@ -28,7 +30,8 @@ log = logging.getLogger("naiad.frontends")
 
 
 class Dispatcher:
-    """Answers one worker's messages; `tasks` are its requests in flight (cancelled if the worker dies)."""
+    """Answers one worker's messages; `tasks` are its requests in flight (cancelled if the worker dies):
+    each one's task, or the future the first step of an infer request waits on (no task yet)."""
 
     def __init__(self, inference: InferenceAPI, app: HttpApp | None, on_ready: Any,
                  grpc_calls: GrpcCalls | None = None) -> None:
@@ -38,13 +41,13 @@ class Dispatcher:
         self.streams: dict[int, asyncio.Queue[bytes | None]] = {}  # request messages of streaming gRPC calls
         self.on_ready = on_ready
         self.channel: Channel | None = None
-        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.tasks: dict[int, asyncio.Future[Any]] = {}
         self._loop = asyncio.get_running_loop()
 
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == wire.INFER:
-            self._start(message[1], self._infer(message[1], message[2], message[3]))
+            self._start_eagerly(message[1], self._infer(message[1], message[2], message[3]))
         elif kind == wire.CANCEL:
             task = self.tasks.pop(message[1], None)
             if task is not None:
@@ -92,6 +95,19 @@ class Dispatcher:
         task = self._loop.create_task(work)
         self.tasks[request_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+
+    def _start_eagerly(self, request_id: int, work: Any) -> None:
+        """Run the request's first step now (as the single server's frontends do): a request on an inline
+        model is answered in this turn of the loop, with no task; one that waits gets its task then."""
+        awaited = run_first_step(work, lambda coro, context: self._resume(request_id, coro, context))
+        if awaited is not None:
+            self.tasks[request_id] = awaited  # cancelling it cancels the request, as cancelling its task would
+
+    def _resume(self, request_id: int, work: Any, context: contextvars.Context) -> None:
+        task = self._loop.create_task(work, context=context)
+        if self.tasks.pop(request_id, None) is not None:  # not cancelled meanwhile (then the task just ends)
+            self.tasks[request_id] = task
+            task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self.channel is not None:

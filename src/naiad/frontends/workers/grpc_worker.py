@@ -1,4 +1,9 @@
-"""The gRPC port in a frontend worker: grpcio bound with SO_REUSEPORT; ModelInfer decoded here, the rest relayed.
+"""The gRPC port in a frontend worker: ModelInfer decoded here, the rest relayed to the core.
+
+The server is Naiad's own HTTP/2 server on the worker's listening socket (one of N the core binds on
+the port with SO_REUSEPORT), with its per-connection budgets and the guard; or, with
+`--grpc-server-impl grpcio`, grpcio binding the port the core reserved (SO_REUSEPORT too). Both host
+the same handlers (WorkerHandlers).
 
 A ModelInfer whose message decodes cleanly becomes an InferenceRequest sent to the core (the infer
 path of the HTTP workers) and its response is encoded here. Every other call, and a ModelInfer that
@@ -11,8 +16,9 @@ names) runs here, in front of both.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -20,7 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.health import SERVICE as HEALTH_SERVICE
 from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response
-from naiad.frontends.grpc.server import start_grpcio
+from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
 from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE
 from naiad.frontends.grpc.status import error_of, status_of
 from naiad.frontends.security import check_model_name
@@ -125,10 +131,26 @@ class WorkerHandlers(grpc.GenericRpcHandler):
         return encode_infer_response(response).SerializeToString()
 
 
-async def start_grpc(config: ServerConfig, core: CoreClient) -> grpc.aio.Server:
-    """This worker's grpcio server on the gRPC port the core reserved (SO_REUSEPORT), started."""
+class GrpcServing(Protocol):
+    """What the worker needs of either gRPC server once it serves: a graceful stop."""
+
+    async def stop(self, grace: float) -> Any: ...
+
+
+async def start_grpc(config: ServerConfig, core: CoreClient, listen: socket.socket | None) -> GrpcServing:
+    """This worker's gRPC server, started: Naiad's own on `listen` (its share of the port, SO_REUSEPORT),
+    or grpcio binding the port the core reserved (`--grpc-server-impl grpcio`, `listen` None)."""
+    handlers = WorkerHandlers(core, config.allow_client_shm)
+    if config.grpc_server_impl != "grpcio":
+        if listen is None:
+            raise ValueError("the own gRPC server in a frontend worker serves a listening socket the core binds")
+        h2 = h2_server(config)
+        h2.add_generic_rpc_handlers((handlers,))
+        await h2.start(config.grpc_address, config.grpc_port, tls_context(config), sock=listen)
+        return h2
+
     def register(server: grpc.aio.Server) -> None:
-        server.add_generic_rpc_handlers((WorkerHandlers(core, config.allow_client_shm),))
+        server.add_generic_rpc_handlers((handlers,))
 
     server, _ = await start_grpcio(config, config.grpc_address, config.grpc_port, register, reuse_port=True)
     return server

@@ -1,10 +1,11 @@
-"""The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 2).
+"""The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 1).
 
-HTTP: the core binds N listening sockets on the port (SO_REUSEPORT) and starts one worker per socket.
-gRPC: the core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves
-to one port for all) and each worker's grpcio server binds it too. Each worker has a channel (a unix
-socket pair) to a Dispatcher here. A worker that dies is started again (an HTTP worker on the same
-socket: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
+HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds N listening sockets on the port
+(SO_REUSEPORT) and starts one worker per socket. gRPC on grpcio (`--grpc-server-impl grpcio`): the
+core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves to one
+port for all) and each worker's grpcio server binds it too. Each worker has a channel (a unix
+socket pair) to a Dispatcher here. A worker that dies is started again (on the same listening socket,
+when it has one: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
 by --exit-timeout-secs, then kills what is left.
 """
 
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from naiad.config.server_config import ServerConfig
-from naiad.frontends.grpc.server import server_credentials
+from naiad.frontends.grpc.server import server_credentials, tls_context
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.listener import tls_options
 from naiad.frontends.sockets import bind_shared_sockets, reserve_port
@@ -39,17 +40,16 @@ log = logging.getLogger("naiad.frontends")
 START_TIMEOUT_SECS = 120.0  # a worker imports Naiad's frontends before it listens: slow on a loaded machine
 RESTART_BACKOFF_SECS = 1.0  # a worker that dies this soon after starting waits this long before the next try
 KILL_GRACE_SECS = 5.0
-GRPC_IMPL_MESSAGE = ("--frontend-processes N (N >= 2) serves gRPC with grpcio only: "
-                     "use --grpc-server-impl grpcio (the default with them) or --frontend-processes 1")
 
 
 class WorkerProcess:
     """One worker: its process, its channel and the dispatcher answering it."""
 
-    def __init__(self, index: int, listen: socket.socket | None, server: ServerAPI, config: ServerConfig,
-                 dispatcher: Callable[[Callable[[int], object]], Dispatcher]) -> None:
+    def __init__(self, index: int, protocol: str, listen: socket.socket | None, server: ServerAPI,
+                 config: ServerConfig, dispatcher: Callable[[Callable[[int], object]], Dispatcher]) -> None:
         self.index = index
-        self.listen = listen  # None: a gRPC worker (grpcio binds the reserved port itself)
+        self.protocol = protocol  # "http" or "grpc"
+        self.listen = listen  # None: a grpcio worker (it binds the reserved port itself)
         self.server = server
         self.config = config
         self.make_dispatcher = dispatcher
@@ -70,7 +70,7 @@ class WorkerProcess:
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "naiad.frontends.workers.worker_main",
                 str(theirs.fileno()), str(-1 if self.listen is None else self.listen.fileno()), str(self.index),
-                "http" if self.listen is not None else "grpc", pass_fds=fds)
+                self.protocol, pass_fds=fds)
         finally:
             theirs.close()
         self.started_at = time.monotonic()
@@ -108,6 +108,7 @@ class WorkerPool(abc.ABC):
     protocol (WorkerHttpFrontend, WorkerGrpcFrontend) says how its port is bound and its calls dispatched."""
 
     label = ""
+    protocol = ""
 
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         self.server = server
@@ -135,7 +136,7 @@ class WorkerPool(abc.ABC):
         listens, port = self._bind()
         try:
             config = self._worker_config(port)
-            self.workers = [WorkerProcess(i, sock, self.server, config, self._dispatcher)
+            self.workers = [WorkerProcess(i, self.protocol, sock, self.server, config, self._dispatcher)
                             for i, sock in enumerate(listens)]
             for worker in self.workers:
                 await worker.spawn()
@@ -196,6 +197,7 @@ class WorkerHttpFrontend(WorkerPool):
     """The HTTP/REST endpoint: N listening sockets on the port, one per worker."""
 
     label = "HTTP/REST"
+    protocol = "http"
 
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         super().__init__(server, host, port)
@@ -213,18 +215,25 @@ class WorkerHttpFrontend(WorkerPool):
 
 
 class WorkerGrpcFrontend(WorkerPool):
-    """The gRPC endpoint (grpcio): the core reserves the port, each worker's grpcio server binds it too."""
+    """The gRPC endpoint: N listening sockets on the port, one per worker (Naiad's own HTTP/2 server);
+    with grpcio the core reserves the port and each worker's grpcio server binds it too."""
 
     label = "gRPC"
+    protocol = "grpc"
 
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         super().__init__(server, host, port)
-        if self.config.grpc_server_impl != "grpcio":
-            raise ValueError(GRPC_IMPL_MESSAGE)
-        server_credentials(self.config)  # refuse unreadable TLS files here, not in N workers
+        self.grpcio = self.config.grpc_server_impl == "grpcio"
+        if self.grpcio:  # refuse bad TLS settings here, not in N workers
+            server_credentials(self.config)
+        else:
+            tls_context(self.config)
         self.calls = GrpcCalls(server)  # runs what the workers relay, as the gRPC port would without them
 
     def _bind(self) -> tuple[list[socket.socket | None], int]:
+        if not self.grpcio:
+            self._sockets = bind_shared_sockets(self.host.strip("[]"), self.port, self.config.frontend_processes)
+            return list(self._sockets), self._sockets[0].getsockname()[1]
         self._sockets = [reserve_port(self.host, self.port)]
         return [None] * self.config.frontend_processes, self._sockets[0].getsockname()[1]
 

@@ -1,8 +1,8 @@
 """A frontend worker process: serves its share of the HTTP/REST or gRPC port and hands requests to the core.
 
 Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD LISTEN_FD INDEX PROTOCOL`
-(PROTOCOL `http`: it serves the listening socket LISTEN_FD; `grpc`: LISTEN_FD is -1 and grpcio binds
-the gRPC port the core reserved, with SO_REUSEPORT). The first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
+(PROTOCOL `http` or `grpc`: it serves the listening socket LISTEN_FD; LISTEN_FD -1 with `grpc`: grpcio
+binds the gRPC port the core reserved, with SO_REUSEPORT). The first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
 flight, exit. SIGINT is the core's to act on (a terminal's Ctrl-C reaches the whole group). When the
 core goes away, the worker exits.
 """
@@ -48,10 +48,13 @@ async def _start_http(config: ServerConfig, core: CoreClient, listen_sock: socke
     return listener.stop
 
 
-async def _start_grpc(config: ServerConfig, core: CoreClient) -> Callable[[], Awaitable[None]]:
-    from naiad.frontends.workers.grpc_worker import start_grpc  # grpcio only in the processes serving gRPC
+async def _start_grpc(config: ServerConfig, core: CoreClient,
+                      listen_sock: socket.socket | None) -> Callable[[], Awaitable[None]]:
+    from naiad.frontends.workers.grpc_worker import start_grpc  # gRPC modules only in the processes serving it
 
-    server = await start_grpc(config, core)
+    if listen_sock is not None:
+        listen_sock.setblocking(False)
+    server = await start_grpc(config, core, listen_sock)
 
     async def stop() -> None:
         await server.stop(config.exit_timeout_secs)
@@ -60,17 +63,17 @@ async def _start_grpc(config: ServerConfig, core: CoreClient) -> Callable[[], Aw
 
 
 async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: socket.socket | None,
-                index: int) -> None:
+                index: int, protocol: str) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     core = CoreClient()
     channel = await Channel.open(channel_sock, core.on_message)
     core.channel = channel
-    if listen_sock is not None:
+    if protocol == "http" and listen_sock is not None:
         stop_listening = await _start_http(config, core, listen_sock, index)
     else:
-        stop_listening = await _start_grpc(config, core)
+        stop_listening = await _start_grpc(config, core, listen_sock)
     # Keep the start-up heap out of later collections, as `naiad serve` does in the core
     # (runtime/memory.py, not imported here): a full collection walking it paused this loop for
     # tens of milliseconds under load.
@@ -91,13 +94,13 @@ def main(argv: list[str]) -> int:
     protocol = argv[3] if len(argv) > 3 else "http"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel_sock = socket.socket(fileno=channel_fd)
-    listen_sock = socket.socket(fileno=listen_fd) if protocol == "http" else None
+    listen_sock = socket.socket(fileno=listen_fd) if listen_fd >= 0 else None
     try:
         config: ServerConfig = read_frame(channel_sock)
     except EOFError:
         return 1
     _configure_logging(config)
-    work = serve(config, channel_sock, listen_sock, index)
+    work = serve(config, channel_sock, listen_sock, index, protocol)
     try:
         import uvloop
     except ImportError:
