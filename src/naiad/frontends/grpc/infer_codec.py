@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -130,8 +131,10 @@ _RAW_FIXED: dict[str, tuple[int, np.dtype, np.dtype | None]] = {
 }
 
 
-def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool) -> list[InferInput]:
-    raw = request.raw_input_contents
+def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool,
+                   raw: Sequence[bytes] | None = None) -> list[InferInput]:
+    if raw is None:
+        raw = request.raw_input_contents
     n_raw = len(raw)
     raw_index = 0
     inputs: list[InferInput] = []
@@ -247,15 +250,17 @@ def _decode_outputs(request: pb.ModelInferRequest, allow_shared_memory: bool) ->
 def decode_infer_request(
     request: pb.ModelInferRequest,
     allow_shared_memory: bool,
+    raw: Sequence[bytes] | None = None,
 ) -> InferenceRequest:
     """Decode a ModelInferRequest; raises NaiadError (INVALID_ARG) on malformed input.
 
     Shared-memory inputs and outputs are decoded as references (the core reads and writes the
     regions); with `allow_shared_memory` False (--allow-client-shm=false) they are refused.
     The model name was checked by the caller (InferenceServicer._decode), before anything else.
+    `raw`: the message's raw_input_contents, when the caller has taken them out already.
     """
     try:
-        inputs = _decode_inputs(request, allow_shared_memory)
+        inputs = _decode_inputs(request, allow_shared_memory, raw)
     except ValueError as exc:  # numpy refusing a shape (too many dims, too large)
         raise invalid_arg(f"invalid input tensor for model '{request.model_name}': {exc}") from None
     decoded = InferenceRequest(

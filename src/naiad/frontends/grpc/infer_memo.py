@@ -2,9 +2,9 @@
 
 A client sends the same request again and again with other tensor bytes: same model, same input
 names, datatypes and shapes, same requested outputs. Reading those fields out of a protobuf
-message costs several microseconds a request; the message without its `raw_input_contents` is
-the key under which what they decoded to is kept, so a request seen before only has its raw
-tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
+message costs several microseconds a request; the message without its `raw_input_contents` (and
+its `id`) is the key under which what they decoded to is kept, so a request seen before only has
+its raw tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
 parameters, no shared memory, no classification): decoding them is a function of the key.
 """
 
@@ -36,14 +36,13 @@ class _Input:
 class _Layout:
     model_name: str
     model_version: str
-    id: str
     inputs: tuple[_Input, ...]
     outputs: tuple[str, ...]
 
 
-def _layout_of(request: pb.ModelInferRequest, decoded: InferenceRequest) -> _Layout | None:
+def _layout_of(request: pb.ModelInferRequest, buffers: list[bytes], decoded: InferenceRequest) -> _Layout | None:
     """What a plain request decoded to, or None when it is not plain."""
-    if request.parameters or len(request.raw_input_contents) != len(decoded.inputs):
+    if request.parameters or len(buffers) != len(decoded.inputs):
         return None
     inputs = []
     for tensor in decoded.inputs:
@@ -55,11 +54,11 @@ def _layout_of(request: pb.ModelInferRequest, decoded: InferenceRequest) -> _Lay
     for output in decoded.outputs:
         if output.parameters or output.classification or output.shared_memory is not None:
             return None
-    return _Layout(decoded.model_name, decoded.model_version, decoded.id, tuple(inputs),
+    return _Layout(decoded.model_name, decoded.model_version, tuple(inputs),
                    tuple(output.name for output in decoded.outputs))
 
 
-def _build(layout: _Layout, buffers: list[bytes]) -> InferenceRequest | None:
+def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceRequest | None:
     """The request of `layout` with these raw tensors; None when they do not fit it (the full decode
     then says what is wrong)."""
     specs = layout.inputs
@@ -71,7 +70,7 @@ def _build(layout: _Layout, buffers: list[bytes]) -> InferenceRequest | None:
             return None
         inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
                                  {}, None))
-    return InferenceRequest(layout.model_name, inputs, layout.model_version, layout.id,
+    return InferenceRequest(layout.model_name, inputs, layout.model_version, request_id,
                             [RequestedOutput(name) for name in layout.outputs])
 
 
@@ -83,20 +82,24 @@ class InferDecoder:
         self._memo: dict[bytes, _Layout] = {}
 
     def decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
-        """As decode_infer_request; raises NaiadError. The arrays are read-only views of the tensor bytes."""
+        """As decode_infer_request; raises NaiadError. The message gives up its raw_input_contents
+        (taken out once, without copies beyond that one: the arrays are read-only views of them)."""
         buffers = list(request.raw_input_contents)
         request.ClearField("raw_input_contents")
+        request_id = request.id  # not part of the key: clients that number their requests still hit
+        if request_id:
+            request.ClearField("id")
         key = request.SerializeToString()
+        if request_id:
+            request.id = request_id
         layout = self._memo.get(key)
         if layout is not None:
-            decoded = _build(layout, buffers)
+            decoded = _build(layout, buffers, request_id)
             if decoded is not None:
-                request.raw_input_contents.extend(buffers)
                 return decoded
-        request.raw_input_contents.extend(buffers)
-        decoded = decode_infer_request(request, self._allow_shared_memory)
+        decoded = decode_infer_request(request, self._allow_shared_memory, buffers)
         if len(key) <= MAX_KEY:
-            layout = _layout_of(request, decoded)
+            layout = _layout_of(request, buffers, decoded)
             if layout is not None:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
