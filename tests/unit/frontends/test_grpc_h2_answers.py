@@ -79,3 +79,69 @@ def test_an_answer_larger_than_the_stream_window_waits_for_it(loop: asyncio.Abst
         conn.connection_lost(None)
 
     loop.run_until_complete(scenario())
+
+
+def test_a_handler_that_waits_goes_on_without_a_task_until_it_yields_bare(loop: asyncio.AbstractEventLoop) -> None:
+    """A call whose handler waits (for its batch, its thread) goes on in the callback of what it waited
+    on, however many times it waits; it gets a task only after a bare yield, and ends either way."""
+    seen: dict[bytes, bool] = {}
+
+    async def waits(request: bytes, context: object) -> bytes:
+        loop = asyncio.get_running_loop()
+        for _ in range(2):
+            done = loop.create_future()
+            loop.call_soon(done.set_result, None)
+            await done
+        if request == b"yield":
+            await asyncio.sleep(0)
+        seen[request] = asyncio.current_task() is not None
+        return request
+
+    async def scenario() -> None:
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(waits), 100)
+        conn.data_received(w.PREFACE + w.settings_frame({}) + _call(1, block, b"wait") + _call(3, block, b"yield"))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert seen == {b"wait": False, b"yield": True}
+        answers = {f[2]: f[3] for f in _frames(bytes(transport.out)) if f[0] == w.DATA}
+        assert answers == {1: b"\0\0\0\0\x04wait", 3: b"\0\0\0\0\x05yield"}
+        assert conn.handlers == 0 and not conn.streams
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
+
+
+def test_a_reset_cancels_a_handler_waiting_again_without_a_task(loop: asyncio.AbstractEventLoop) -> None:
+    """RST_STREAM reaches a handler in its second wait (it has no task): it is cancelled, and its slot freed."""
+    outcome: list[str] = []
+    first: asyncio.Future[None] | None = None
+
+    async def waits_twice(request: bytes, context: object) -> bytes:
+        nonlocal first
+        loop = asyncio.get_running_loop()
+        first = loop.create_future()
+        await first
+        try:
+            await loop.create_future()  # never done
+        except asyncio.CancelledError:
+            outcome.append("cancelled" if asyncio.current_task() is None else "cancelled in a task")
+            raise
+        return request
+
+    async def scenario() -> None:
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(waits_twice), 100)
+        conn.data_received(w.PREFACE + w.settings_frame({}) + _call(1, block, b"x"))
+        assert first is not None and conn.handlers == 1
+        first.set_result(None)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert conn.handlers == 1 and not outcome
+        conn.data_received(w.rst_stream(1, w.CANCEL))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert outcome == ["cancelled"]
+        assert conn.handlers == 0 and not conn.streams
+        assert not [f for f in _frames(bytes(transport.out)) if f[2] == 1 and f[0] == w.DATA]
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
