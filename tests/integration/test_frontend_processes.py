@@ -433,3 +433,40 @@ def test_grpc_stream_messages_sent_at_once_are_all_answered(grpc_server: Running
             responses = list(stream)
             assert [r.infer_response.id for r in responses] == [f"s{n}-{i}" for i in range(5)]
             assert not any(r.error_message for r in responses)
+
+
+def test_grpc_infer_answers_of_a_repeated_layout_are_the_full_encoding(grpc_server: RunningServer) -> None:
+    """A worker remembers a request layout and a response header it has seen: the answers to the same
+    layout with other tensors, ids and requested outputs are still right and byte for byte the
+    message's own serialization; a request that then goes wrong still reaches the core whole."""
+    def request(request_id: str, a: int, b: int, outputs: tuple[str, ...] = ()) -> bytes:
+        message = pb.ModelInferRequest(model_name="add_sub", id=request_id,
+                                       raw_input_contents=[np.full(4, a, "<i4").tobytes(), np.full(4, b, "<i4").tobytes()])
+        for name in ("INPUT0", "INPUT1"):
+            message.inputs.add(name=name, datatype="INT32", shape=[1, 4])
+        for name in outputs:
+            message.outputs.add(name=name)
+        return message.SerializeToString()
+
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:  # one connection: one worker
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        cases = [("r1", 5, 2, ()), ("r2", 7, 3, ()), ("", 1, 1, ()), ("r2", -4, 9, ()), ("o", 6, 1, ("OUTPUT1",)),
+                 ("o", 8, 1, ("OUTPUT1",))]
+        for request_id, a, b, outputs in cases:
+            raw = infer(request(request_id, a, b, outputs), timeout=30)
+            answer = pb.ModelInferResponse.FromString(raw)
+            assert raw == answer.SerializeToString()
+            assert (answer.model_name, answer.id) == ("add_sub", request_id)
+            expected = {"OUTPUT0": a + b, "OUTPUT1": a - b}
+            names = outputs or ("OUTPUT0", "OUTPUT1")
+            assert [(o.name, o.datatype, list(o.shape)) for o in answer.outputs] == [(n, "INT32", [1, 4]) for n in names]
+            for name, data in zip(names, answer.raw_output_contents):
+                np.testing.assert_array_equal(np.frombuffer(data, "<i4"), [expected[name]] * 4)
+        # the remembered layout with a tensor of the wrong size: the core decodes the message as sent
+        bad = pb.ModelInferRequest.FromString(request("bad", 1, 1))
+        bad.raw_input_contents[1] = b"\0" * 12
+        with pytest.raises(grpc.RpcError) as info:
+            infer(bad.SerializeToString(), timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "12" in (info.value.details() or ""), info.value.details()
+        assert pb.ModelInferResponse.FromString(infer(request("after", 2, 2), timeout=30)).id == "after"

@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.health import SERVICE as HEALTH_SERVICE
-from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response
+from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
 from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
 from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE
 from naiad.frontends.grpc.status import error_of, status_of
@@ -49,6 +49,12 @@ def _serialized(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+def _parse_infer(raw: bytes) -> tuple[bytes, pb.ModelInferRequest]:
+    """The ModelInfer message, and the bytes it came in: a request relayed to the core goes as the
+    client sent it (decoding takes the raw tensors out of the message)."""
+    return raw, pb.ModelInferRequest.FromString(raw)
+
+
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
     return tuple((key, value) for key, value in context.invocation_metadata() or ())
 
@@ -66,12 +72,15 @@ class WorkerHandlers(grpc.GenericRpcHandler):
     def __init__(self, core: CoreClient, allow_shared_memory: bool) -> None:
         self.core = core
         self.allow_shared_memory = allow_shared_memory
+        # request layouts and response headers seen before are remembered, as on the core's own server
+        self._decoder = InferDecoder(allow_shared_memory)
+        self._encode = InferEncoder().encode
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for method in _SERVICE.methods:
             path = f"/{_SERVICE.full_name}/{method.name}"
             parse: Callable[[bytes], Any] = getattr(pb, method.input_type.name).FromString
             if path == _MODEL_INFER:
-                handler = grpc.unary_unary_rpc_method_handler(self._model_infer, parse, _raw)
+                handler = grpc.unary_unary_rpc_method_handler(self._model_infer, _parse_infer, _raw)
             elif method.client_streaming or method.server_streaming:
                 handler = grpc.stream_stream_rpc_method_handler(self._streaming(path), parse, _raw)
             else:
@@ -112,23 +121,24 @@ class WorkerHandlers(grpc.GenericRpcHandler):
 
         return relay
 
-    async def _model_infer(self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext) -> bytes:
+    async def _model_infer(self, call: tuple[bytes, pb.ModelInferRequest], context: grpc.aio.ServicerContext) -> bytes:
+        raw, request = call
         try:
             check_model_name(request.model_name)
-            decoded = decode_infer_request(request, self.allow_shared_memory)
+            decoded = self._decoder.decode(request)
         except NaiadError:  # the core answers it, in the single server's order
-            return await self._relay_unary(_MODEL_INFER, request, context)
+            return await self._relay_unary(_MODEL_INFER, raw, context)
         try:
             response = await self.core.infer(decoded, find_traceparent(context.invocation_metadata() or ()))
         except UnsendableMessage:  # parameters nested past what pickle carries: the core decodes the message itself
-            return await self._relay_unary(_MODEL_INFER, request, context)
+            return await self._relay_unary(_MODEL_INFER, raw, context)
         except DecoupledModelError:
             await _abort(context, unsupported(DECOUPLED_UNARY_MESSAGE))
             raise AssertionError("context.abort returned") from None  # pragma: no cover - abort always raises
         except Exception as exc:
             await _abort(context, exc)
             raise AssertionError("context.abort returned") from None  # pragma: no cover - abort always raises
-        return encode_infer_response(response).SerializeToString()
+        return self._encode(response)
 
 
 class GrpcServing(Protocol):
