@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from naiad.frontends.first_step import run_first_step, run_next_step
+from naiad.frontends.first_step import run_first_step
 from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
@@ -148,21 +148,7 @@ class H2GrpcServer:
             conn.handlers -= 1  # it finished in its first step
 
     def _resume(self, conn: H2Connection, stream: Stream, coro: Any, context: contextvars.Context) -> None:
-        awaited, stream.awaited = stream.awaited, None
-        if awaited is not None and awaited.done():
-            # What the handler waited on is done (its batch, its thread, or cancelled by a reset or
-            # the deadline): the next step runs here, and the handler gets a task only if it yields bare.
-            try:
-                stream.awaited = run_next_step(coro, context, lambda coro, ctx: self._resume(conn, stream, coro, ctx))
-            except asyncio.CancelledError:
-                conn.handler_done()  # cancelled while inflating its request: nothing to answer, as for a task
-                return
-            except BaseException:
-                conn.handler_done()
-                raise
-            if stream.awaited is None and stream.task is None:
-                conn.handler_done()  # it finished in this step
-            return
+        stream.awaited = None
         stream.task = self.loop.create_task(coro, context=context)
         stream.task.add_done_callback(conn.handler_done)
 
