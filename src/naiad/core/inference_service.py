@@ -110,9 +110,7 @@ class InferenceService:
             raise
         finally:
             self._end_request(model.name)
-        elapsed = time.perf_counter_ns() - start
-        model.stats.record_first_response(elapsed)
-        model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
+        model.stats.record_answered(time.perf_counter_ns() - start, max(item.dispatch_ns - item.enqueue_ns, 0))
         return response
 
     # ------------------------------------------------------------ any number of responses
