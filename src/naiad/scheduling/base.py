@@ -31,7 +31,7 @@ from naiad.scheduling.execution_policy import InlinePolicy
 BatchSignature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
-@dataclass(eq=False)  # identity: queues look requests up with `in`/remove()
+@dataclass(eq=False, slots=True)  # identity: queues look requests up with `in`/remove()
 class WorkItem:
     """One request as the model sees it: model-facing input arrays and the outputs it needs.
 
