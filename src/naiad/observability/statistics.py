@@ -139,15 +139,22 @@ class ModelStatistics:
         with self._lock:
             self.inference_count += batch_size
             self.execution_count += 1
-            compute_input.add(input_ns * request_count, request_count)
-            compute_infer.add(infer_ns * request_count, request_count)
-            compute_output.add(output_ns * request_count, request_count)
+            # in place rather than through _Duration.add: six calls fewer per execution
+            compute_input.count += request_count
+            compute_input.ns += input_ns * request_count
+            compute_infer.count += request_count
+            compute_infer.ns += infer_ns * request_count
+            compute_output.count += request_count
+            compute_output.ns += output_ns * request_count
             batch = self._batches.get(batch_size)
             if batch is None:
                 batch = self._batches[batch_size] = _BatchStats()
-            batch.compute_input.add(input_ns)
-            batch.compute_infer.add(infer_ns)
-            batch.compute_output.add(output_ns)
+            batch.compute_input.count += 1
+            batch.compute_input.ns += input_ns
+            batch.compute_infer.count += 1
+            batch.compute_infer.ns += infer_ns
+            batch.compute_output.count += 1
+            batch.compute_output.ns += output_ns
         if self.summaries is not None:
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns), ("compute_output", output_ns)):
                 self.summaries.observe(key, ns, request_count)
