@@ -224,7 +224,8 @@ class InferenceService:
     def _begin_request(self, model_name: str) -> None:
         state = self._state
         state.inflight += 1
-        state.idle.clear()
+        if state.inflight == 1:  # only _end_request sets it, at zero
+            state.idle.clear()
         self._models.residency.begin_use(model_name)
 
     def _end_request(self, model_name: str) -> None:
