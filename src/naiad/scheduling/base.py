@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -141,17 +141,17 @@ async def run_batch(pool: InstancePool, instance: PoolInstance, items: list[Work
     pool.release(instance)
 
 
-async def execute_batch(instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
-                        inline: InlinePolicy) -> None:
-    """Run items as one execution; every item gets its response(s) or the execution's error.
+def execute_batch(instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+                  inline: InlinePolicy) -> Coroutine[Any, Any, None]:
+    """Run items as one execution (the coroutine to await); every item gets its response(s) or the execution's error.
 
     The instance declares how it executes (`executes`): a tensor instance's batch runs on its thread
     or, when `inline` says so, on the event loop; a request-level instance takes the requests.
+    The coroutine is the executing function's own: no frame of this one per execution.
     """
     if instance.executes == "tensors":
-        await _execute_tensor_batch(instance, items, batching, stats, inline)
-    else:
-        await _execute_requests(instance, items, batching, stats)
+        return _execute_tensor_batch(instance, items, batching, stats, inline)
+    return _execute_requests(instance, items, batching, stats)
 
 
 def _as_error(exc: Exception) -> NaiadError:
