@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,7 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import accumulator_model, write_config
-from tests.support.process_tree import cpu_ticks, descendants
+from tests.support.process_tree import descendants, kill_while_executing
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
@@ -194,23 +193,8 @@ def test_a_torchscript_sequence_model_in_a_worker_survives_a_worker_killed_while
 
     assert _torch_step(url, 303, 1.0, start=True) == (1.0, 303)
     victim = _worker(torch_server)
-    outcome: dict[str, object] = {}
-
-    def long_step() -> None:
-        try:
-            outcome["result"] = _torch_step(url, 303, 2.0, loops=10**9)
-        except InferenceServerException as exc:
-            outcome["error"] = exc
-
-    caller = threading.Thread(target=long_step)
-    before = cpu_ticks(victim)
-    caller.start()
-    wait_until(lambda: cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
-    os.kill(victim, signal.SIGKILL)
-    caller.join(60)
-    assert not caller.is_alive()
-    error = outcome.get("error")
-    assert isinstance(error, InferenceServerException) and "not healthy" in str(error), outcome
+    error = kill_while_executing(victim, lambda: _torch_step(url, 303, 2.0, loops=10**9))
+    assert isinstance(error, InferenceServerException) and "not healthy" in str(error), error
 
     _worker(torch_server, not_this=victim)
 

@@ -5,8 +5,6 @@ restarted, and a bad parameter value fails the load clearly while the server kee
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import warnings
 from pathlib import Path
@@ -19,7 +17,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.framework_models import write_config
 from tests.support.onnx_models import add_sub_onnx
-from tests.support.process_tree import cpu_ticks, descendants, maps_library
+from tests.support.process_tree import descendants, kill_while_executing, maps_library
 from tests.support.servers import RunningServer, start_server
 from tests.support.waiting import wait_until
 
@@ -152,23 +150,9 @@ def test_killed_torch_worker_fails_its_request_then_restarts(server: RunningServ
     np.testing.assert_allclose(_spin(http, x, 1), x * 2 + 1)
     victim = _torch_worker(server)
 
-    outcome: dict[str, object] = {}
-
-    def long_request() -> None:
-        try:
-            outcome["result"] = _spin(httpclient.InferenceServerClient(server.http_url, network_timeout=300), x, 10**9)
-        except InferenceServerException as exc:
-            outcome["error"] = exc
-
-    caller = threading.Thread(target=long_request)
-    before = cpu_ticks(victim)
-    caller.start()
-    wait_until(lambda: cpu_ticks(victim) >= before + 20, "the worker executing the long request", timeout=120)
-    os.kill(victim, signal.SIGKILL)
-    caller.join(60)
-    assert not caller.is_alive()
-    error = outcome.get("error")
-    assert isinstance(error, InferenceServerException) and "not healthy" in str(error), outcome
+    error = kill_while_executing(
+        victim, lambda: _spin(httpclient.InferenceServerClient(server.http_url, network_timeout=300), x, 10**9))
+    assert isinstance(error, InferenceServerException) and "not healthy" in str(error), error
 
     replacement = _torch_worker(server, not_this=victim)
     assert replacement != victim

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
+from collections.abc import Callable
 from pathlib import Path
+
+from tests.support.waiting import wait_until
 
 
 def descendants(pid: int) -> list[int]:
@@ -55,3 +60,24 @@ def maps_library(pid: int, library: str) -> bool:
         return library in Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return False
+
+
+def kill_while_executing(worker: int, call: Callable[[], object], busy_ticks: int = 20) -> BaseException | None:
+    """Run `call` on a thread, SIGKILL `worker` once it has spent `busy_ticks` of CPU on it, and
+    return what the call raised (None if it returned)."""
+    outcome: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed back to the test
+            outcome[0] = exc
+
+    caller = threading.Thread(target=run)
+    before = cpu_ticks(worker)
+    caller.start()
+    wait_until(lambda: cpu_ticks(worker) >= before + busy_ticks, "the worker executing the long request", timeout=120)
+    os.kill(worker, signal.SIGKILL)
+    caller.join(60)
+    assert not caller.is_alive(), "the call did not end after its worker was killed"
+    return outcome[0]

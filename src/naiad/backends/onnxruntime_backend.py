@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,11 @@ def _batcher_provided(config: mc.ModelConfig) -> set[str]:
     return names
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. `taskset` or a cpuset)."""
+    return len(os.sched_getaffinity(0))
+
+
 def _session_options(config: mc.ModelConfig) -> ort.SessionOptions:
     options = ort.SessionOptions()
     level = config.optimization.graph.level if config.HasField("optimization") else 0
@@ -104,6 +110,11 @@ def _session_options(config: mc.ModelConfig) -> ort.SessionOptions:
     try:
         if intra:
             options.intra_op_num_threads = int(intra)
+        elif (usable := usable_cpus()) < (os.cpu_count() or usable):
+            # ONNX Runtime sizes its pool from the machine's cores, not the process's CPU affinity:
+            # pinned to one core, its extra thread competed with the event loop for that core
+            # (a 256-512-512-10 MLP at batch 1: 31.8 vs 20.5 us of CPU per run).
+            options.intra_op_num_threads = usable
         if inter:
             options.inter_op_num_threads = int(inter)
     except ValueError:

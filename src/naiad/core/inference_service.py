@@ -211,10 +211,13 @@ class InferenceService:
         try:
             load = asyncio.ensure_future(models.load(name))
             load.add_done_callback(lambda task: task.cancelled() or task.exception())
+            # asyncio.wait, not wait_for: it never cancels the load, and it needs no current task
+            # (frontends run a request's first steps outside one; wait_for needs one from 3.12 on).
+            done, _ = await asyncio.wait({load}, timeout=timeout_us / 1e6 if timeout_us else None)
+            if not done:
+                raise unavailable(f"model '{name}' did not finish loading within the request timeout")
             try:
-                await asyncio.wait_for(asyncio.shield(load), timeout_us / 1e6 if timeout_us else None)
-            except TimeoutError:
-                raise unavailable(f"model '{name}' did not finish loading within the request timeout") from None
+                load.result()
             except NaiadError as exc:
                 raise unavailable(f"model '{name}' failed to load on demand: {exc.message.strip()}") from None
             return models.lookup(name, version)

@@ -185,6 +185,10 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
         )
     if not isinstance(data, list):
         data = [data]
+    if datatype != "BYTES":
+        regular = _regular_numbers(data, datatype, shape, name)
+        if regular is not None:
+            return regular
     flat = _flatten(data, name)
     expected = element_count(shape)
     if len(flat) != expected:
@@ -200,6 +204,30 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
             array[i] = item.encode("utf-8")
         return array.reshape(shape)
     return _numbers_from_json(flat, datatype, name).reshape(shape)
+
+
+def _regular_numbers(data: list[Any], datatype: str, shape: tuple[int, ...], name: str) -> np.ndarray | None:
+    """The usual `data` in one numpy call: a flat or evenly nested list of numbers of a kind that
+    suits `datatype`, as many as `shape` holds. None for anything else (ragged, mixed, too deep,
+    empty, wrong count, ...): the element-by-element path then decides and words the error.
+    Checking each element in Python first cost more than numpy's whole conversion."""
+    if not data:
+        return None
+    try:
+        parsed = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):
+        return None
+    dtype = numpy_dtype(datatype)
+    kind = parsed.dtype.kind
+    # (numpy nests at most 64 levels, within MAX_JSON_DEPTH)
+    if kind not in _KIND_OK[dtype.kind] or parsed.size != element_count(shape):
+        return None
+    if kind in "iu" and dtype.kind in "iu":
+        _check_range(int(parsed.min()), int(parsed.max()), datatype, dtype, name)
+    elif kind == "f" and parsed.dtype != dtype:
+        with np.errstate(over="ignore"):  # FP32 past its range becomes +-inf, as in Triton
+            return parsed.astype(dtype).reshape(shape)
+    return parsed.astype(dtype, copy=False).reshape(shape)
 
 
 def _numbers_from_json(flat: list[Any], datatype: str, name: str) -> np.ndarray:

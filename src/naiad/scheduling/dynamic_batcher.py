@@ -225,11 +225,20 @@ class DynamicBatcher:
         # queueing and the next free instance takes a batch formed from all of them.
         while True:
             await self._wait_for_requests()
-            instance = await self._pool.acquire()
+            instance = self._pool.try_acquire()
             try:
+                if instance is None:
+                    instance = await self._pool.acquire()
+                    # An execution just ended and its answers went out in this loop turn: closed-loop
+                    # clients send their next requests at once. One turn more lets the ones already
+                    # here be read and join this batch, which would otherwise go with only the
+                    # requests that queued during the execution (under load: batches of 1 and 31
+                    # alternating instead of full ones).
+                    await asyncio.sleep(0)
                 items = await self._next_batch()
             except asyncio.CancelledError:
-                self._pool.release(instance)
+                if instance is not None:
+                    self._pool.release(instance)
                 raise
             self._take(items)
             task = self._pool.run(instance, execute_batch(instance, items, self._batching, self._stats, self._inline))

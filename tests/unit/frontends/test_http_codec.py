@@ -296,3 +296,14 @@ def test_bf16_json_refused_both_ways_but_binary_works():
         encode_infer_response(_response(out), OutputPlan())
     body, n = encode_infer_response(_response(out), OutputPlan(default_binary=True))
     assert body[n:] == words.astype("<u2").tobytes()
+
+
+def test_encode_spells_non_finite_floats_whatever_else_says_null():
+    """NaN and +-inf are written as Triton writes them; an answer that only mentions 'null' elsewhere is unchanged."""
+    odd = OutputTensor("O", "FP32", (1, 3), np.array([[np.nan, 1.5, -np.inf]], dtype=np.float32))
+    fine = OutputTensor("F", "FP64", (2,), np.array([0.25, 2.0]))
+    body, _ = encode_infer_response(_response(fine, odd, id="null"), OutputPlan())
+    assert b'"data":[0.25,2.0]' in body and b'"data":[NaN,1.5,-Infinity]' in body and b'"id":"null"' in body
+    body, _ = encode_infer_response(_response(fine, id="null", parameters={"p": "null"}), OutputPlan())
+    assert orjson.loads(body) == {"id": "null", "model_name": "m", "model_version": "2", "parameters": {"p": "null"},
+                                  "outputs": [{"name": "F", "datatype": "FP64", "shape": [2], "data": [0.25, 2.0]}]}

@@ -10,6 +10,7 @@ import io
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 
 import pytest
@@ -58,8 +59,10 @@ async def app(scope, receive, send) -> None:
         HANGING.append(scope["path"])
         await asyncio.wait_for(gone.wait(), 10)
         DISCONNECTS.append(scope["path"])
-    elif path == "/task":  # reports whether the app's first step runs in a task (it need not)
+    elif path in ("/task", "/task-after-yield"):  # reports whether the app runs in a task (it need not)
         await _read_all(receive)
+        if path == "/task-after-yield":
+            await asyncio.sleep(0)
         answer = b"task" if asyncio.current_task() is not None else b"no task"
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
         await send({"type": "http.response.body", "body": answer})
@@ -72,6 +75,10 @@ async def app(scope, receive, send) -> None:
         await asyncio.sleep(0.005)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body) + 2).encode())]})
         await send({"type": "http.response.body", "body": b"ok" + body})
+    elif path == "/inject":  # a response header carrying CR or LF (from the query): never written
+        value = urllib.parse.unquote_to_bytes(scope["query_string"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"x-echo", value), (b"content-length", b"0")]})
+        await send({"type": "http.response.body", "body": b""})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -229,19 +236,21 @@ def test_the_disconnect_callback_runs_when_the_client_leaves(port):
                .endswith(b"\r\n\r\n1"), "the disconnect callback to run", timeout=10, interval=0.05)
 
 
-def test_a_request_that_never_waits_runs_without_a_task(port):
+def test_a_request_runs_without_a_task_until_it_yields_bare(port):
     answer = _exchange(port, b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\nhi")
     assert answer.endswith(b"\r\n\r\nno task")
-    # Headers first, body later: the first step waits for the body, then goes on in a task.
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
-        before = len(CALLS)
-        conn.sendall(b"POST /task HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
-        _wait_for_call(before, "/task")
-        conn.sendall(b"hi")
-        data = b""
-        while chunk := conn.recv(65536):
-            data += chunk
-    assert data.endswith(b"\r\n\r\ntask")
+    # Headers first, body later: the first step waits for the body, and the step after it runs as
+    # soon as the body is there, still without a task; a bare yield makes the app go on in a task.
+    for path, expected in (("/task", b"no task"), ("/task-after-yield", b"task")):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            before = len(CALLS)
+            conn.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n")
+            _wait_for_call(before, path)
+            conn.sendall(b"hi")
+            data = b""
+            while chunk := conn.recv(65536):
+                data += chunk
+        assert data.endswith(b"\r\n\r\n" + expected), (path, data)
 
 
 def test_a_pipelining_connection_does_not_hold_up_another_connection(port):
@@ -426,3 +435,12 @@ def test_any_split_of_the_bytes_gives_the_same_answers(port, parts, cut_points):
     assert [status for status, _ in whole] == [200] * len(parts)
     split = _answers(_send_in_pieces(port, payload, [int(c * len(payload)) for c in cut_points]))
     assert split == whole
+
+
+@pytest.mark.parametrize("value", ["a%0D%0AX-Injected:%201", "a%0AX-Injected:%201", "a%0Db"])
+def test_a_response_header_with_cr_or_lf_is_never_written(port, value):
+    answer = _exchange(port, f"GET /inject?{value} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+    assert answer == b""  # the app's error (a started response) closes the connection, nothing sent
+    # the server keeps serving, and a clean value goes out as it is
+    answer = _exchange(port, b"GET /inject?fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 ") and b"\r\nx-echo: fine\r\n" in answer

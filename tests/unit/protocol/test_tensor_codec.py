@@ -1,5 +1,7 @@
 """Tensor codecs: raw bytes, BYTES length prefixes, JSON; hostile sizes refused before allocation."""
 
+import warnings
+
 import numpy as np
 import orjson
 import pytest
@@ -110,3 +112,37 @@ def test_non_finite_floats_are_written_as_triton_writes_them(values, text, dtype
     flat = np.array(values, dtype=dtype)
     assert orjson.dumps({"data": non_finite_json_array(flat)}) == b'{"data":' + text + b"}"
     assert orjson.dumps(array_to_json(flat, "FP32"), option=orjson.OPT_SERIALIZE_NUMPY) == text
+
+
+@pytest.mark.parametrize("datatype,shape,data,expected", [
+    ("FP32", (2, 2, 1), [[[1.5], [2]], [[3], [4.25]]], np.array([1.5, 2, 3, 4.25], np.float32).reshape(2, 2, 1)),
+    ("FP32", (1, 2), [1e39, -1e39], np.array([[np.inf, -np.inf]], np.float32)),  # past FP32's range: +-inf
+    ("FP64", (3,), [1, 2.5, True], np.array([1, 2.5, 1.0])),
+    ("INT64", (2, 1), [[-(2**63)], [2**63 - 1]], np.array([[-(2**63)], [2**63 - 1]], np.int64)),
+    ("UINT64", (2,), [0, 2**64 - 1], np.array([0, 2**64 - 1], np.uint64)),
+    ("BOOL", (2,), [[True], [False]], np.array([True, False])),
+    ("INT32", (1, 0), [[]], np.empty((1, 0), np.int32)),
+    ("FP32", (3,), 7.0, "Shape does not match"),
+    ("FP32", (3,), [[1.0, 2.0], [3.0]], np.array([1, 2, 3], np.float32)),  # uneven rows, read row-major
+    ("FP32", (2,), [1.0, [2.0]], "ragged nested arrays"),
+    ("FP32", (2,), [[1.0], 2.0], "ragged nested arrays"),
+    ("FP32", (2, 2), [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], "Shape does not match"),
+    ("FP32", (2,), [1.0, "2"], "not valid FP32"),
+    ("FP32", (2,), [1.0, None], "not valid FP32"),
+    ("FP32", (2,), [True, False], "not valid FP32"),
+    ("INT8", (2, 1), [[1], [300]], "out of range"),
+    ("INT32", (2,), [1, 2.5], "not valid INT32"),
+    ("UINT8", (2,), [[1, -1]], "out of range"),
+])
+def test_json_regular_data_in_one_step_and_the_rest_element_by_element_agree(datatype, shape, data, expected):
+    """Evenly nested numbers go through numpy at once; anything irregular gets the careful path's answer."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning from the FP32 overflow either
+        if isinstance(expected, str):
+            with pytest.raises(NaiadError) as err:
+                array_from_json(datatype, shape, data, "x")
+            assert err.value.code is ErrorCode.INVALID_ARG and expected in err.value.message, err.value.message
+            return
+        got = array_from_json(datatype, shape, data, "x")
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert np.array_equal(got, expected)

@@ -332,6 +332,30 @@ def test_closed_loop_clients_fill_batches_within_the_queue_delay():
     assert statistics.median(executions) >= 24, sizes
 
 
+def test_closed_loop_clients_answered_together_rejoin_the_next_batch():
+    """Nine clients, batches of at most eight, executions longer than the queue delay: the request
+    left over from a batch waits past its delay during the next execution. When the instance frees
+    up, the eight clients just answered send again a loop turn later (as a request read from a
+    socket does); they join the left-over request's batch instead of letting it go alone (which
+    made batches of 8 and 1 alternate)."""
+    clients, rounds = 9, 12
+
+    async def body(batcher, rec):
+        rec.delays = {float(index): 0.003 for index in range(clients)}
+
+        async def client(index):
+            for _ in range(rounds):
+                await batcher.enqueue(_item(index))
+                await asyncio.sleep(0)  # the next request arrives a loop turn after the answer
+
+        await asyncio.gather(*(client(i) for i in range(clients)))
+        return [len(batch) for batch in rec.batches]
+
+    sizes = run(_with_batcher(_config(max_queue_delay_microseconds=1000), body, max_batch_size=8))
+    assert sum(sizes) == clients * rounds
+    assert sizes.count(8) >= len(sizes) - 2, sizes  # full batches, but for the last ones
+
+
 def test_largest_preferred_size_caps_the_batch_below_max_batch_size():
     # As Triton: max_batch_size is a preferred size only when none is configured.
     async def body(batcher, rec):

@@ -61,6 +61,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._preface_left = len(w.PREFACE)
         self._out: list[bytes] = []
         self._flush_scheduled = False
+        self._in_turn = False            # frames are being handled: what they write goes out when the turn ends
         self._decoder = w.HeaderDecoder(MAX_HEADER_LIST)
         self._headers_sid = 0            # stream whose header block continues in CONTINUATION frames
         self._headers_block = bytearray()
@@ -181,10 +182,20 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._process()
 
     def _process(self) -> None:
-        """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them."""
+        """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them;
+        what they (and the calls they complete at once) write goes out in one write."""
         self._yielded = False
         if self._penalty is not None:
             return  # the buffer waits for _end_penalty
+        self._in_turn = True
+        try:
+            self._handle_frames()
+        finally:
+            self._in_turn = False
+        self._flush()
+        self._update_reading()
+
+    def _handle_frames(self) -> None:
         buf = self._rbuf
         pos, end, frames = 0, len(buf), 0
         max_frame = w.DEFAULT_FRAME_SIZE
@@ -225,8 +236,6 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             # the client lets many answers wait for window: read on only now and then (it may be about
             # to send WINDOW_UPDATE), rather than run every call it keeps sending
             self._penalty = self.loop.call_later(lim.STALL_PAUSE, self._end_stall)
-        self._flush()
-        self._update_reading()
 
     def _end_stall(self) -> None:
         self._penalty = None

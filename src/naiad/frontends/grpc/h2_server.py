@@ -175,7 +175,12 @@ class H2GrpcServer:
                 call = handler.unary_unary if not handler.request_streaming else handler.stream_unary
                 response = await call(request, ctx)
                 if ctx.code_ is None or ctx.code_ is _OK:
-                    conn.send_message(stream, serialize(response) if serialize else response)
+                    # a handler may return its message already serialized
+                    payload = response if serialize is None or type(response) is bytes else serialize(response)
+                    if not ctx.details_ and not ctx.trailing:
+                        conn.answer(stream, payload)
+                        return
+                    conn.send_message(stream, payload)
             else:
                 call = handler.unary_stream if not handler.request_streaming else handler.stream_stream
                 await self._stream_out(conn, stream, call(request, ctx), serialize)

@@ -115,6 +115,22 @@ def _encode_message(message: str) -> bytes:
 _OK_TRAILERS = literal(b"grpc-status", b"0")
 
 
+# A unary call answered at once with OK: response headers, one DATA frame and the trailers, built in one go.
+_RESPONSE_HEADERS_HEAD = bytes((0, 0, len(RESPONSE_HEADERS), HEADERS, END_HEADERS))
+_OK_TRAILERS_HEAD = bytes((0, 0, len(_OK_TRAILERS), HEADERS, END_HEADERS | END_STREAM))
+_MESSAGE_HEAD = struct.Struct(">BHBBIBI")  # DATA frame header (24-bit length as 8 + 16 bits), gRPC message prefix
+
+
+def ok_response(stream: int, message: bytes) -> bytes:
+    """The frames of a whole unary answer: headers, the message in one DATA frame, OK trailers."""
+    n = len(message)
+    size = n + 5
+    sid = _HEAD.pack(stream)
+    return b"".join((_RESPONSE_HEADERS_HEAD, sid, RESPONSE_HEADERS,
+                     _MESSAGE_HEAD.pack(size >> 16, size & 0xFFFF, DATA, 0, stream, 0, n), message,
+                     _OK_TRAILERS_HEAD, sid, _OK_TRAILERS))
+
+
 def trailer_block(code: int, message: str = "", metadata: Any = None) -> bytes:
     """grpc-status (+ grpc-message, + trailing metadata) as a header block."""
     if code == 0 and not message and not metadata:

@@ -26,6 +26,7 @@ class FrameWriter:
     transport: Any
     _out: list[bytes]
     _flush_scheduled: bool
+    _in_turn: bool
     _closed: bool
     _paused: bool
     _resume: asyncio.Future[None] | None
@@ -43,7 +44,7 @@ class FrameWriter:
         self._out.append(data)
 
     def _flush_soon(self) -> None:
-        if not self._flush_scheduled:
+        if not self._flush_scheduled and not self._in_turn:  # a turn of reading flushes when it ends
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
@@ -86,6 +87,24 @@ class FrameWriter:
             stream.pending.append(memoryview(data))  # sliced frame by frame without copying the rest
             stream.pending_bytes += size
             self._pump(stream)
+        self._flush_soon()
+
+    def answer(self, stream: Stream, payload: bytes) -> None:
+        """A unary call's response message and OK status: all its frames in one piece when the windows
+        take the message at once (the common case), else as send_message and finish send them."""
+        size = len(payload) + 5
+        if (stream.headers_sent or stream.finished or self._closed or stream.pending or size > self._send_window
+                or size > stream.send_window or size > self._peer_max_frame):
+            self.send_message(stream, payload)
+            self.finish(stream, grpc.StatusCode.OK)
+            return
+        stream.headers_sent = stream.finished = True
+        self._send_window -= size
+        stream.send_window -= size
+        self._data_written()
+        self._write(w.ok_response(stream.sid, payload))
+        self._ended(stream)
+        self._release(stream, False)
         self._flush_soon()
 
     def _pump(self, stream: Stream) -> None:
@@ -153,6 +172,10 @@ class FrameWriter:
 
     def _end_stream(self, stream: Stream, block: bytes) -> None:
         self._write(self._header_frames(stream.sid, block, True))
+        self._ended(stream)
+
+    def _ended(self, stream: Stream) -> None:
+        """Our END_STREAM is written."""
         stream.sent_end = True
         if not stream.recv_closed:
             # the client is still sending (or never half-closed): we will not read more of this call

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -122,48 +124,81 @@ def array_from_contents(
     return array.reshape(shape)
 
 
-def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool) -> list[InferInput]:
-    model = request.model_name
-    raw = request.raw_input_contents
+# datatype -> (bytes per element, little-endian wire dtype, native dtype when the host differs)
+_RAW_FIXED: dict[str, tuple[int, np.dtype, np.dtype | None]] = {
+    name: (wire.itemsize, wire, None if wire == wire.newbyteorder("=") else wire.newbyteorder("="))
+    for name, wire in WIRE_DTYPES.items()
+}
+
+
+def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool,
+                   raw: Sequence[bytes] | None = None) -> list[InferInput]:
+    if raw is None:
+        raw = request.raw_input_contents
     n_raw = len(raw)
     raw_index = 0
     inputs: list[InferInput] = []
     for tensor in request.inputs:
-        name = tensor.name
-        datatype = check_datatype(tensor.datatype, name)
-        shape = parse_shape(list(tensor.shape), name)
         params = tensor.parameters
-        ref = _shm_ref(params, f"input '{name}'", model) if params else None
-        has_contents = tensor.HasField("contents")
-        data: np.ndarray | None
-        if ref is not None:
-            if has_contents:
-                raise invalid_arg(
-                    f"contents field must not be specified when using shared memory for '{name}' "
-                    f"for model '{model}'"
-                )
-            if not allow_shared_memory:
-                raise unsupported(SHM_DISABLED_MESSAGE)
-            data = None  # the core reads the region
-        elif n_raw:
-            if has_contents:
-                raise invalid_arg(
-                    f"contents field must not be specified when using raw_input_contents for '{name}' "
-                    f"for model '{model}'"
-                )
-            if raw_index >= n_raw:
-                raise _raw_count_error(request, n_raw)
-            data = array_from_raw(datatype, shape, raw[raw_index], name)
-            raw_index += 1
-        else:
-            data = array_from_contents(datatype, shape, tensor.contents, name, model)
-        extra = params_to_dict(params) if params else {}
-        for key in _SHM_KEYS:
-            extra.pop(key, None)
-        inputs.append(InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=extra, shared_memory=ref))
+        spec = _RAW_FIXED.get(tensor.datatype)
+        if spec is not None and not params and raw_index < n_raw and not tensor.HasField("contents"):
+            # the common case: a fixed-size tensor in raw_input_contents, no parameters
+            shape = tuple(tensor.shape[:])
+            buffer = raw[raw_index]
+            if (not shape or min(shape) >= 0) and len(buffer) == spec[0] * math.prod(shape):
+                array = np.ndarray(shape, spec[1], buffer)  # a read-only view of the message's bytes
+                if spec[2] is not None:
+                    array = array.astype(spec[2])
+                inputs.append(InferInput(tensor.name, tensor.datatype, shape, array, {}, None))
+                raw_index += 1
+                continue
+        data, used = _decode_input(tensor, request, raw, raw_index, allow_shared_memory)
+        inputs.append(data)
+        raw_index += used
     if raw_index != n_raw:
         raise _raw_count_error(request, n_raw)
     return inputs
+
+
+def _decode_input(tensor: Any, request: pb.ModelInferRequest, raw: Any, raw_index: int,
+                  allow_shared_memory: bool) -> tuple[InferInput, int]:
+    """One input, checked in full (shared memory, typed contents, parameters); and how many
+    raw_input_contents entries it took (0 or 1)."""
+    model = request.model_name
+    n_raw = len(raw)
+    name = tensor.name
+    datatype = check_datatype(tensor.datatype, name)
+    shape = parse_shape(list(tensor.shape), name)
+    params = tensor.parameters
+    ref = _shm_ref(params, f"input '{name}'", model) if params else None
+    has_contents = tensor.HasField("contents")
+    data: np.ndarray | None
+    used = 0
+    if ref is not None:
+        if has_contents:
+            raise invalid_arg(
+                f"contents field must not be specified when using shared memory for '{name}' "
+                f"for model '{model}'"
+            )
+        if not allow_shared_memory:
+            raise unsupported(SHM_DISABLED_MESSAGE)
+        data = None  # the core reads the region
+    elif n_raw:
+        if has_contents:
+            raise invalid_arg(
+                f"contents field must not be specified when using raw_input_contents for '{name}' "
+                f"for model '{model}'"
+            )
+        if raw_index >= n_raw:
+            raise _raw_count_error(request, n_raw)
+        data = array_from_raw(datatype, shape, raw[raw_index], name)
+        used = 1
+    else:
+        data = array_from_contents(datatype, shape, tensor.contents, name, model)
+    extra = params_to_dict(params) if params else {}
+    for key in _SHM_KEYS:
+        extra.pop(key, None)
+    return InferInput(name=name, datatype=datatype, shape=shape, data=data, parameters=extra, shared_memory=ref), used
 
 
 def _raw_count_error(request: pb.ModelInferRequest, n_raw: int) -> NaiadError:
@@ -215,15 +250,17 @@ def _decode_outputs(request: pb.ModelInferRequest, allow_shared_memory: bool) ->
 def decode_infer_request(
     request: pb.ModelInferRequest,
     allow_shared_memory: bool,
+    raw: Sequence[bytes] | None = None,
 ) -> InferenceRequest:
     """Decode a ModelInferRequest; raises NaiadError (INVALID_ARG) on malformed input.
 
     Shared-memory inputs and outputs are decoded as references (the core reads and writes the
     regions); with `allow_shared_memory` False (--allow-client-shm=false) they are refused.
     The model name was checked by the caller (InferenceServicer._decode), before anything else.
+    `raw`: the message's raw_input_contents, when the caller has taken them out already.
     """
     try:
-        inputs = _decode_inputs(request, allow_shared_memory)
+        inputs = _decode_inputs(request, allow_shared_memory, raw)
     except ValueError as exc:  # numpy refusing a shape (too many dims, too large)
         raise invalid_arg(f"invalid input tensor for model '{request.model_name}': {exc}") from None
     decoded = InferenceRequest(

@@ -128,7 +128,7 @@ class GrpcFrontend:
         config = self._server.config
         context = tls_context(config)
         h2 = h2_server(config)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server), h2)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server, serialized_responses=True), h2)
         h2.add_generic_rpc_handlers((health_handler(self._server),))
         try:
             port = await h2.start(self._host, self._port, context)

@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from naiad.frontends.grpc.infer_codec import (
     SHM_DISABLED_MESSAGE,
-    decode_infer_request,
     encode_infer_response,
 )
-from naiad.frontends.grpc.status import guarded, status_of
+from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
+from naiad.frontends.grpc.status import error_of, guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
 from naiad.observability.trace_context import incoming_traceparent, propagating
@@ -61,10 +63,15 @@ def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     """The KServe v2 gRPC service on top of the Server facade."""
 
-    def __init__(self, server: ServerAPI) -> None:
+    def __init__(self, server: ServerAPI, serialized_responses: bool = False) -> None:
+        """`serialized_responses`: ModelInfer returns its response serialized (for a server that sends
+        bytes as they are; grpcio serializes the message itself)."""
         self._server = server
         self._inference = server.inference
         self._allow_shm = server.config.allow_client_shm
+        self._decoder = InferDecoder(self._allow_shm)
+        self._encode: Callable[[InferenceResponse], pb.ModelInferResponse | bytes] = (
+            InferEncoder().encode if serialized_responses else encode_infer_response)
 
     async def _stream_responses(
         self, request: InferenceRequest
@@ -136,21 +143,29 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         got wrong. The model is looked up only when decoding fails: a good request is looked up once, in infer."""
         check_model_name(request.model_name)
         try:
-            return decode_infer_request(request, self._allow_shm)
+            return self._decoder.decode(request)
         except NaiadError:
             self._inference.check_servable(request.model_name, request.model_version)
             raise
 
-    @guarded
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse:
-        decoded = self._decode(request)
-        metadata = context.invocation_metadata() if propagating() else ()
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse | bytes:
+        # guarded's error handling, inline: the hottest call is spared a coroutine layer
         try:
-            with incoming_traceparent(metadata or ()):
+            decoded = self._decode(request)
+            if propagating():
+                with incoming_traceparent(context.invocation_metadata() or ()):
+                    response = await self._inference.infer(decoded)
+            else:
                 response = await self._inference.infer(decoded)
+            return self._encode(response)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
         except DecoupledModelError:
-            raise unsupported(DECOUPLED_UNARY_MESSAGE) from None
-        return encode_infer_response(response)
+            err = unsupported(DECOUPLED_UNARY_MESSAGE)
+        except Exception as exc:
+            err = error_of(exc)
+        await context.abort(status_of(err), err.message)
+        raise AssertionError("context.abort returned")  # pragma: no cover - abort always raises
 
     async def ModelStreamInfer(
         self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any

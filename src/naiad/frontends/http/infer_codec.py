@@ -165,8 +165,9 @@ def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: An
         request.outputs.append(wanted)
 
 
-def _json_data(array: np.ndarray, datatype: str) -> Any:
-    """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings."""
+def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
+    """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings. orjson writes
+    NaN and +-inf as null; with spell_non_finite they are written as Triton writes them instead."""
     if datatype == "BYTES" or array.dtype.kind not in "biuf" or datatype in ("FP16", "BF16"):
         return array_to_json(array, datatype)
     flat = array.reshape(-1)
@@ -174,13 +175,24 @@ def _json_data(array: np.ndarray, datatype: str) -> Any:
         flat = flat.astype(flat.dtype.newbyteorder("="))
     if not flat.flags.c_contiguous:
         flat = np.ascontiguousarray(flat)
-    if has_non_finite(flat):
+    if spell_non_finite and has_non_finite(flat):
         return non_finite_json_array(flat)
     return flat
 
 
 def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tuple[bytes, int | None]:
     """(body, JSON header length or None when there are no binary blobs)."""
+    header, blobs = _encode(response, plan, spell_non_finite=False)
+    if header.find(b"null") >= 0:  # (faster than `in`, which first tries the bytes as an int)
+        # Only then can an output hold NaN or +-inf (orjson's null): written again, spelled out.
+        # Looking for them in every float output cost more than this search.
+        header, blobs = _encode(response, plan, spell_non_finite=True)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: bool) -> tuple[bytes, list[bytes | memoryview]]:
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
     for out in response.outputs:
@@ -199,7 +211,7 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
         else:
             if params:
                 entry["parameters"] = params
-            entry["data"] = _json_data(out.data, out.datatype)
+            entry["data"] = _json_data(out.data, out.datatype, spell_non_finite)
         outputs.append(entry)
     doc: dict[str, Any] = {}
     if response.id:
@@ -209,7 +221,4 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
-    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
+    return orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY), blobs

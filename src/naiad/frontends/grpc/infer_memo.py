@@ -1,0 +1,160 @@
+"""ModelInfer decoding and encoding that remember the layout of the requests and responses they have seen.
+
+A client sends the same request again and again with other tensor bytes: same model, same input
+names, datatypes and shapes, same requested outputs. Reading those fields out of a protobuf
+message costs several microseconds a request; the message without its `raw_input_contents` (and
+its `id`) is the key under which what they decoded to is kept, so a request seen before only has
+its raw tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
+parameters, no shared memory, no classification): decoding them is a function of the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from tritonclient.grpc import service_pb2 as pb
+
+from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
+from naiad.protocol.datatypes import WIRE_DTYPES
+from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
+
+MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
+MAX_KEY = 4096        # larger messages (long ids, many tensors) are not remembered
+
+
+@dataclass(frozen=True, slots=True)
+class _Input:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    dtype: np.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    model_name: str
+    model_version: str
+    inputs: tuple[_Input, ...]
+    outputs: tuple[str, ...]
+
+
+def _layout_of(request: pb.ModelInferRequest, buffers: list[bytes], decoded: InferenceRequest) -> _Layout | None:
+    """What a plain request decoded to, or None when it is not plain."""
+    if request.parameters or len(buffers) != len(decoded.inputs):
+        return None
+    inputs = []
+    for tensor in decoded.inputs:
+        data, wire = tensor.data, WIRE_DTYPES.get(tensor.datatype)
+        if (tensor.parameters or tensor.shared_memory is not None or data is None or wire is None
+                or not wire.isnative):  # BYTES, or a big-endian host (arrays are converted copies there)
+            return None
+        inputs.append(_Input(tensor.name, tensor.datatype, tensor.shape, data.nbytes, wire))
+    for output in decoded.outputs:
+        if output.parameters or output.classification or output.shared_memory is not None:
+            return None
+    return _Layout(decoded.model_name, decoded.model_version, tuple(inputs),
+                   tuple(output.name for output in decoded.outputs))
+
+
+def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceRequest | None:
+    """The request of `layout` with these raw tensors; None when they do not fit it (the full decode
+    then says what is wrong)."""
+    specs = layout.inputs
+    if len(buffers) != len(specs):
+        return None
+    inputs = []
+    for spec, buffer in zip(specs, buffers):
+        if len(buffer) != spec.nbytes:
+            return None
+        inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
+                                 {}, None))
+    return InferenceRequest(layout.model_name, inputs, layout.model_version, request_id,
+                            [RequestedOutput(name) for name in layout.outputs])
+
+
+class InferDecoder:
+    """decode_infer_request with the memo described above (one per servicer: `allow_shared_memory` is fixed)."""
+
+    def __init__(self, allow_shared_memory: bool) -> None:
+        self._allow_shared_memory = allow_shared_memory
+        self._memo: dict[bytes, _Layout] = {}
+
+    def decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
+        """As decode_infer_request; raises NaiadError. The message gives up its raw_input_contents
+        (taken out once, without copies beyond that one: the arrays are read-only views of them)."""
+        buffers = list(request.raw_input_contents)
+        request.ClearField("raw_input_contents")
+        request_id = request.id  # not part of the key: clients that number their requests still hit
+        if request_id:
+            request.ClearField("id")
+        key = request.SerializeToString()
+        if request_id:
+            request.id = request_id
+        layout = self._memo.get(key)
+        if layout is not None:
+            decoded = _build(layout, buffers, request_id)
+            if decoded is not None:
+                return decoded
+        decoded = decode_infer_request(request, self._allow_shared_memory, buffers)
+        if len(key) <= MAX_KEY:
+            layout = _layout_of(request, buffers, decoded)
+            if layout is not None:
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[key] = layout
+        return decoded
+
+
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+class InferEncoder:
+    """encode_infer_response, serialized, for Naiad's own gRPC server (which sends bytes as they are).
+
+    raw_output_contents is the last field of ModelInferResponse, so a serialized response is the
+    message without it followed by one length-delimited field per output: that first part is kept
+    per (model, version, id, outputs' names, datatypes and shapes) and only the tensors are appended.
+    Responses with parameters are serialized in full."""
+
+    def __init__(self) -> None:
+        self._memo: dict[tuple[object, ...], bytes] = {}
+
+    def encode(self, response: InferenceResponse) -> bytes:
+        if response.parameters:
+            return encode_infer_response(response).SerializeToString()
+        key: list[object] = [response.model_name, response.model_version, response.id]
+        parts = []
+        for out in response.outputs:
+            if out.parameters or out.data is None:
+                return encode_infer_response(response).SerializeToString()
+            key += (out.name, out.datatype, tuple(out.shape))
+            raw = raw_bytes(out.data, out.datatype)
+            parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+        frozen = tuple(key)
+        head = self._memo.get(frozen)
+        if head is None:
+            head = self._head(response)
+            if len(head) <= MAX_KEY:
+                if len(self._memo) >= MEMO_LIMIT:
+                    self._memo.clear()
+                self._memo[frozen] = head
+        return head + b"".join(parts)
+
+    @staticmethod
+    def _head(response: InferenceResponse) -> bytes:
+        message = pb.ModelInferResponse(model_name=response.model_name, model_version=response.model_version,
+                                        id=response.id)
+        for out in response.outputs:
+            message.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        return message.SerializeToString()
