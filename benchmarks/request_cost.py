@@ -61,9 +61,9 @@ async def measure(repo: str) -> None:
             await server.infer_async(add_sub_request())
         core = (time.process_time() - started) / CALLS * 1e6
         body, header_length = binary_body()
-        request, plan = decode_infer_request(server, "add_sub", "", body, header_length)
+        request, plan = decode_infer_request("add_sub", "", body, header_length)
         response = await server.infer_async(request)
-        decode = cpu_us(lambda: decode_infer_request(server, "add_sub", "", body, header_length))
+        decode = cpu_us(lambda: decode_infer_request("add_sub", "", body, header_length))
         encode = cpu_us(lambda: encode_infer_response(response, plan))
         print(f"Server.infer_async (onnxruntime inline included) {core:.1f} us; "
               f"HTTP binary decode {decode:.1f} us; encode {encode:.1f} us")

@@ -59,7 +59,7 @@ class InferenceService:
             raise DecoupledModelError(model.name)
         item = validate_request(model, request, self._shm)
         item.request = request
-        start = time.perf_counter_ns()
+        start = item.enqueue_ns  # taken as the work item was made, just now: no second clock read
         if self._tracer.active:
             trace = start_trace(self._tracer, model, request, start)
             if trace is not None:
@@ -110,9 +110,7 @@ class InferenceService:
             raise
         finally:
             self._end_request(model.name)
-        elapsed = time.perf_counter_ns() - start
-        model.stats.record_first_response(elapsed)
-        model.stats.record_request(True, elapsed, max(item.dispatch_ns - item.enqueue_ns, 0))
+        model.stats.record_answered(time.perf_counter_ns() - start, max(item.dispatch_ns - item.enqueue_ns, 0))
         return response
 
     # ------------------------------------------------------------ any number of responses
@@ -229,7 +227,8 @@ class InferenceService:
     def _begin_request(self, model_name: str) -> None:
         state = self._state
         state.inflight += 1
-        state.idle.clear()
+        if state.inflight == 1:  # only _end_request sets it, at zero
+            state.idle.clear()
         self._models.residency.begin_use(model_name)
 
     def _end_request(self, model_name: str) -> None:

@@ -145,15 +145,18 @@ class ModelLifecycle:
         record = self.records.get(name)
         if record is None or not record.versions:
             raise not_found(f"Request for unknown model: '{name}' is not found")
-        ready = record.ready()
         if number is not None:
-            model = ready.get(number)
-            if model is None:
+            state = record.versions.get(number)
+            if state is None or state.state != READY or state.model is None:
                 raise not_found(f"Request for unknown model: '{name}' version {number} is not found")
-            return model
-        if not ready:
+            return state.model
+        best: tuple[int, ModelVersion] | None = None  # the highest READY version, without a dict per request
+        for candidate, state in record.versions.items():
+            if state.state == READY and state.model is not None and (best is None or candidate > best[0]):
+                best = (candidate, state.model)
+        if best is None:
             raise not_found(f"Request for unknown model: '{name}' has no available versions")
-        return ready[max(ready)]
+        return best[1]
 
     def version_known(self, name: str, version: str) -> VersionState | None:
         record = self.records.get(name)

@@ -102,6 +102,8 @@ class ModelVersion:
         batch = (-1,) if config.max_batch_size > 0 else ()
         self.input_metadata = tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in self.inputs.values())
         self.output_metadata = tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in self.outputs.values())
+        # The shape each input must match (-1: any size), looked up once per input of each request.
+        self.input_shapes = {t.name: batch + t.dims for t in self.inputs.values()}
         # Set (on the loop) the moment routing stops sending requests here: unloaded, replaced or evicted.
         self.retired = False
         self._model_dir = model_dir

@@ -24,7 +24,12 @@ def _fmt(shape: Iterable[int]) -> str:
 
 
 def _shape_matches(expected: tuple[int, ...], got: tuple[int, ...]) -> bool:
-    return len(expected) == len(got) and all(e == -1 or e == g for e, g in zip(expected, got))
+    if len(expected) != len(got):
+        return False
+    for e, g in zip(expected, got):  # a plain loop: no generator per request
+        if e != g and e != -1:
+            return False
+    return True
 
 
 def _model_facing(array: np.ndarray, spec: TensorSpec, batched: bool) -> np.ndarray:
@@ -48,8 +53,6 @@ def _check_input_count(model: ModelVersion, request: InferenceRequest, prefix: s
     """Triton checks the number of inputs before anything else, naming the missing ones."""
     given = [inp.name for inp in request.inputs]
     count = len(given)
-    if model.required_inputs <= count <= len(model.inputs):
-        return
     missing = [n for n, spec in model.inputs.items() if not spec.optional and n not in given]
     if model.required_inputs == len(model.inputs):
         expected = f"expected {len(model.inputs)} inputs but got {count} inputs for model '{model.name}'"
@@ -80,44 +83,50 @@ def validate_request(
 
     Inputs sent by shared-memory reference are read from `shared_memory` here (and kept in
     `InferInput.data`, for the response cache and traces)."""
-    prefix = request_prefix(request.id)
     name = model.name
     batched = model.max_batch_size > 0
-    _check_input_count(model, request, prefix)
+    specs = model.inputs
+    if not model.required_inputs <= len(request.inputs) <= len(specs):
+        _check_input_count(model, request, request_prefix(request.id))
+    shapes = model.input_shapes
     inputs: dict[str, np.ndarray] = {}
     batch_size = 1
     for inp in request.inputs:
         data = inp.data
         if data is None:
             data = inp.data = _read_shared(inp, shared_memory)
-        spec = model.inputs.get(inp.name)
+        spec = specs.get(inp.name)
         if spec is None:
             raise invalid_arg(f"unexpected inference input '{inp.name}' for model '{name}'")
         if inp.name in inputs:
-            raise invalid_arg(f"{prefix}input '{inp.name}' already exists in request")
+            raise invalid_arg(f"{request_prefix(request.id)}input '{inp.name}' already exists in request")
         if inp.datatype != spec.datatype:
             raise invalid_arg(
-                f"{prefix}inference input '{inp.name}' data-type is '{inp.datatype}', but model '{name}' expects "
-                f"'{spec.datatype}'"
+                f"{request_prefix(request.id)}inference input '{inp.name}' data-type is '{inp.datatype}', but model "
+                f"'{name}' expects '{spec.datatype}'"
             )
         shape = tuple(inp.shape)
-        expected = ((-1,) + spec.dims) if batched else spec.dims
+        expected = shapes[inp.name]
         if not _shape_matches(expected, shape):
             note = _BATCH_NOTE if batched else ""
             raise invalid_arg(
-                f"{prefix}unexpected shape for input '{inp.name}' for model '{name}'. Expected {_fmt(expected)}, "
-                f"got {_fmt(shape)}. {note}"
+                f"{request_prefix(request.id)}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
+                f"{_fmt(expected)}, got {_fmt(shape)}. {note}"
             )
         if batched:
             rows = shape[0]
             if rows > model.max_batch_size:
-                raise invalid_arg(f"{prefix}inference request batch-size must be <= {model.max_batch_size} for '{name}'")
+                raise invalid_arg(
+                    f"{request_prefix(request.id)}inference request batch-size must be <= {model.max_batch_size} for '{name}'"
+                )
             if rows < 1:
-                raise invalid_arg(f"{prefix}inference request batch-size must be >= 1 for '{name}'")
+                raise invalid_arg(f"{request_prefix(request.id)}inference request batch-size must be >= 1 for '{name}'")
             if inputs and rows != batch_size:
-                raise invalid_arg(f"{prefix}input '{inp.name}' batch size does not match other inputs for '{name}'")
+                raise invalid_arg(
+                    f"{request_prefix(request.id)}input '{inp.name}' batch size does not match other inputs for '{name}'"
+                )
             batch_size = rows
-        inputs[inp.name] = _model_facing(data, spec, batched)
+        inputs[inp.name] = data if spec.reshape is None else _model_facing(data, spec, batched)
     if request.outputs:
         wanted = set()
         for out in request.outputs:
@@ -127,4 +136,4 @@ def validate_request(
         output_names = [n for n in model.outputs if n in wanted]  # responses follow the model's output order
     else:
         output_names = list(model.outputs)
-    return WorkItem(inputs=inputs, output_names=output_names, batch_size=batch_size)
+    return WorkItem(inputs, output_names, batch_size)

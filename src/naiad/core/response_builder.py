@@ -56,12 +56,20 @@ def classify(array: np.ndarray, k: int, labels: tuple[str, ...], batched: bool) 
 
 def _requested(request: InferenceRequest, model: ModelVersion) -> list[RequestedOutput]:
     """Requested outputs in the model's output order (as Triton answers), duplicates merged."""
-    if not request.outputs:
-        return [RequestedOutput(name) for name in model.outputs]
     by_name: dict[str, RequestedOutput] = {}
     for out in request.outputs:
         by_name.setdefault(out.name, out)
     return [by_name[name] for name in model.outputs if name in by_name]
+
+
+def _typed(produced: np.ndarray, spec: TensorSpec, batched: bool) -> tuple[np.ndarray, str]:
+    """An output array as clients see it, with its datatype."""
+    array = _client_facing(produced if type(produced) is np.ndarray else np.asarray(produced), spec, batched)
+    datatype = spec.datatype
+    if datatype != "BYTES" and array.dtype != numpy_dtype(datatype):
+        # as Triton: the response carries what the model produced, with its real datatype
+        datatype = datatype_of_array(array)
+    return array, datatype
 
 
 def build_response(
@@ -72,15 +80,17 @@ def build_response(
 ) -> InferenceResponse:
     batched = model.max_batch_size > 0
     outputs: list[OutputTensor] = []
+    if not request.outputs:  # every output as produced: nothing to classify or write to shared memory
+        for name, spec in model.outputs.items():
+            if name in arrays:  # as Triton: an output the model did not produce is left out of the response
+                array, datatype = _typed(arrays[name], spec, batched)
+                outputs.append(OutputTensor(name, datatype, array.shape, array, {}))
+        return InferenceResponse(model.name, model.version_str, outputs, id=request.id)
     for wanted in _requested(request, model):
         spec = model.outputs[wanted.name]
         if wanted.name not in arrays:
-            continue  # as Triton: an output the model did not produce is left out of the response
-        array = _client_facing(np.asarray(arrays[wanted.name]), spec, batched)
-        datatype = spec.datatype
-        if datatype != "BYTES" and array.dtype != numpy_dtype(datatype):
-            # as Triton: the response carries what the model produced, with its real datatype
-            datatype = datatype_of_array(array)
+            continue
+        array, datatype = _typed(arrays[wanted.name], spec, batched)
         if wanted.classification > 0:
             array = classify(array, wanted.classification, spec.labels, batched)
             datatype = "BYTES"

@@ -122,6 +122,12 @@ class Tracer:
         self._pending: list[dict] = []
         self._completed = 0
         self._file_index = 0
+        # No request can be traced until the settings change: a trace count only runs down, so
+        # settings that trace nothing stay so until update(). Spares the per-request check.
+        self._off = self._traces_nothing()
+
+    def _traces_nothing(self) -> bool:
+        return self.otel is None and not self.global_config.enabled and not self.has_overrides
 
     @property
     def has_overrides(self) -> bool:
@@ -131,6 +137,12 @@ class Tracer:
         return self._models.get(model, self.global_config).as_dict() if model else self.global_config.as_dict()
 
     def update(self, model: str, changes: dict) -> dict:
+        try:
+            return self._update(model, changes)
+        finally:
+            self._off = self._traces_nothing()
+
+    def _update(self, model: str, changes: dict) -> dict:
         with self._lock:
             if model:
                 cleared = [k for k, v in changes.items() if v is None]
@@ -171,7 +183,7 @@ class Tracer:
     @property
     def active(self) -> bool:
         """Whether any request may be traced now (checked per request, so kept cheap when off)."""
-        return self.otel is not None or self.global_config.enabled or self.has_overrides
+        return not self._off and (self.otel is not None or self.global_config.enabled or self.has_overrides)
 
     def sample(self, model: str, version: str, request_id: str, parent: Trace | None = None) -> Trace | None:
         """A Triton-mode trace for this request: always when the request that made it is traced

@@ -58,9 +58,9 @@ class ThreadInstance:
         return running
 
     def _timed(self, batch: ExecutionBatch) -> dict[str, np.ndarray]:
-        # CPU time of this thread, not wall time: after the framework returns, the thread may wait
-        # up to the GIL switch interval (5 ms) for the event loop, and counting that wait kept small
-        # models (a 33 us MLP) off the loop forever.
+        # CPU time of this thread, not wall time: the thread also waits for the core (which the event
+        # loop may hold) and for the GIL, and counting those waits kept small models (a 33 us MLP) off
+        # the loop forever.
         start = time.thread_time_ns()
         try:
             return self.instance.execute(batch)

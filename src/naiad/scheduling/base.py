@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from naiad.scheduling.execution_policy import InlinePolicy
 BatchSignature = tuple[tuple[str, str, tuple[int, ...]], ...]
 
 
-@dataclass(eq=False)  # identity: queues look requests up with `in`/remove()
+@dataclass(eq=False, slots=True)  # identity: queues look requests up with `in`/remove()
 class WorkItem:
     """One request as the model sees it: model-facing input arrays and the outputs it needs.
 
@@ -141,17 +141,17 @@ async def run_batch(pool: InstancePool, instance: PoolInstance, items: list[Work
     pool.release(instance)
 
 
-async def execute_batch(instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
-                        inline: InlinePolicy) -> None:
-    """Run items as one execution; every item gets its response(s) or the execution's error.
+def execute_batch(instance: PoolInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
+                  inline: InlinePolicy) -> Coroutine[Any, Any, None]:
+    """Run items as one execution (the coroutine to await); every item gets its response(s) or the execution's error.
 
     The instance declares how it executes (`executes`): a tensor instance's batch runs on its thread
     or, when `inline` says so, on the event loop; a request-level instance takes the requests.
+    The coroutine is the executing function's own: no frame of this one per execution.
     """
     if instance.executes == "tensors":
-        await _execute_tensor_batch(instance, items, batching, stats, inline)
-    else:
-        await _execute_requests(instance, items, batching, stats)
+        return _execute_tensor_batch(instance, items, batching, stats, inline)
+    return _execute_requests(instance, items, batching, stats)
 
 
 def _as_error(exc: Exception) -> NaiadError:
@@ -164,18 +164,22 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     for item in items:
         item.dispatch_ns = start
         request = item.request
+        reschedule = functools.partial(item.reschedule, item) if item.reschedule is not None else None
+        if request is None:
+            requests.append(BackendRequest(item.inputs, item.output_names, is_cancelled=item.future.cancelled, reschedule=reschedule))
+            continue
         requests.append(
             BackendRequest(
                 inputs=item.inputs,
                 requested_outputs=item.output_names,
-                request_id=request.id if request else "",
-                correlation_id=request.sequence_id if request else 0,
-                flags=(1 if request and request.sequence_start else 0) | (2 if request and request.sequence_end else 0),
-                parameters=dict(request.parameters) if request else {},
-                timeout_us=request.timeout_us if request else 0,
-                model_name=request.model_name if request else "",
+                request_id=request.id,
+                correlation_id=request.sequence_id,
+                flags=(1 if request.sequence_start else 0) | (2 if request.sequence_end else 0),
+                parameters=dict(request.parameters),
+                timeout_us=request.timeout_us,
+                model_name=request.model_name,
                 is_cancelled=item.future.cancelled,
-                reschedule=functools.partial(item.reschedule, item) if item.reschedule is not None else None,
+                reschedule=reschedule,
             )
         )
 
@@ -189,7 +193,7 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
         error = _as_error(exc)
         for item in items:
             item.fail(error)
-    rows = sum(it.batch_size for it in items)
+    rows = items[0].batch_size if len(items) == 1 else sum(it.batch_size for it in items)
     end = time.perf_counter_ns()
     for it in items:
         if it.dispatch_ns == start:  # no response timed by the backend (yet)
@@ -211,13 +215,13 @@ async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem],
     for item in items:
         item.dispatch_ns = start
     try:
-        if len(items) == 1:
-            inputs = items[0].inputs
-            names = items[0].output_names
+        single = len(items) == 1
+        if single:
+            inputs, names, total = items[0].inputs, items[0].output_names, items[0].batch_size
         else:
             inputs = {name: np.concatenate([it.inputs[name] for it in items]) for name in items[0].inputs}
             names = list(dict.fromkeys(n for it in items for n in it.output_names))
-        total = sum(it.batch_size for it in items)
+            total = sum(it.batch_size for it in items)
         input_done = time.perf_counter_ns()
         batch = ExecutionBatch(inputs, names, total)
         if inline.inline():
@@ -226,10 +230,11 @@ async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem],
             outputs = await instance.execute(batch)
             inline.observe_thread(instance.last_thread_ns)
         infer_done = time.perf_counter_ns()
-        missing = [n for n in names if n not in outputs]
-        if missing:
-            raise internal(f"model instance '{instance.name}' did not produce outputs {missing}")
-        if len(items) == 1:
+        for name in names:
+            if name not in outputs:
+                missing = [n for n in names if n not in outputs]
+                raise internal(f"model instance '{instance.name}' did not produce outputs {missing}")
+        if single:
             results = [outputs]
         else:
             for n in names:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import naiad
-from naiad.observability.tracing import TraceConfig, apply_settings, parse_trace_config
+from naiad.observability.tracing import TraceConfig, Tracer, apply_settings, parse_trace_config
 from naiad.protocol.errors import ErrorCode, NaiadError
 from tests.support.onnx_models import add_sub_model
 
@@ -77,3 +77,33 @@ def test_ensemble_steps_get_their_own_trace_with_the_ensemble_as_parent(tmp_path
     assert len(ensembles) == 2 and all(e["parent_id"] == 0 for e in ensembles)
     assert sorted(s["parent_id"] for s in steps) == sorted(e["id"] for e in ensembles)
     assert not {s["id"] for s in steps} & {e["id"] for e in ensembles}
+
+
+def test_tracer_active_follows_settings_and_count():
+    tracer = Tracer(TraceConfig())
+    assert not tracer.active  # level OFF: nothing can be traced
+    tracer.update("m", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"})
+    assert tracer.active
+    assert tracer.decide("m") is not None and tracer.decide("m") is not None
+    assert tracer.decide("m") is None and not tracer.active  # the count ran out
+    with pytest.raises(NaiadError):
+        tracer.update("", {"trace_rate": "abc"})
+    assert not tracer.active
+    tracer.update("", {"trace_level": ["TIMESTAMPS"]})
+    assert tracer.active and tracer.decide("other") is None  # global rate 1000: the first request is not sampled
+
+
+def test_tracing_switched_on_while_serving_traces_requests(tmp_path):
+    add_sub_model(tmp_path / "repo", "m")
+    trace_file = tmp_path / "trace.json"
+    server = naiad.Server(model_repository=str(tmp_path / "repo"), trace_config=[f"triton,file={trace_file}"])
+    a = np.ones((1, 16), np.float32)
+    with server as srv:
+        for _ in range(3):
+            srv.infer("m", {"INPUT0": a, "INPUT1": a})  # tracing off
+        srv.update_trace_settings("m", {"trace_level": ["TIMESTAMPS"], "trace_rate": "1", "trace_count": "2"})
+        for _ in range(4):
+            out = srv.infer("m", {"INPUT0": a, "INPUT1": a})
+        assert np.array_equal(out["OUTPUT0"], a + a)
+    heads = [r for r in json.loads(trace_file.read_text()) if "model_name" in r]
+    assert len(heads) == 2 and {h["model_name"] for h in heads} == {"m"}
