@@ -35,7 +35,6 @@ import json
 import sys
 import tempfile
 import time
-import types
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,6 @@ from naiad.backends.base import ExecutionBatch
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.frontends.http.app import HttpApp
-from naiad.frontends.http.connection import HttpConnection
 from naiad.runtime.memory import freeze_startup_heap
 from naiad.runtime.thread_instance import ThreadInstance
 
@@ -117,45 +115,19 @@ class _TimedTransport(http_path_cost._ClosedLoopTransport):
 
 
 async def measure(app: HttpApp, probe: Probe, model: str, clients: int, requests: int) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    config = types.SimpleNamespace(loaded=True, loaded_app=app, timeout_keep_alive=60, root_path="")
-    state = types.SimpleNamespace(connections=set(), tasks=set(), default_headers=http_path_cost.DEFAULT_HEADERS,
-                                  total_requests=0)
-    request = http_path_cost.http_request(model)
     latencies: list[int] = []
-    count = 0
-    reached: asyncio.Future[None] = loop.create_future()
-
-    def answered() -> None:
-        nonlocal count
-        count += 1
-        if count == requests and not reached.done():
-            reached.set_result(None)
-
-    connections, transports = [], []
-    for _ in range(clients):
-        conn = HttpConnection(config, state, {}, loop)
-        transport = _TimedTransport(loop, request, answered, latencies)
-        transport.conn = conn
-        conn.connection_made(transport)
-        connections.append(conn)
-        transports.append(transport)
-    for transport in transports:
-        transport._send_next()
-    await reached  # warm-up
-    count, reached = 0, loop.create_future()
+    clients_ = http_path_cost.ClosedLoopClients(
+        app, model, clients, requests,
+        lambda loop, request, answered: _TimedTransport(loop, request, answered, latencies))
+    await clients_.window()  # warm-up
     latencies.clear()
     probe.executions.clear()
     cpu, wall, delay = time.process_time(), time.perf_counter(), run_delay_ns()
-    await reached
+    await clients_.window()
     cpu, wall, delay = time.process_time() - cpu, time.perf_counter() - wall, run_delay_ns() - delay
     executions = list(probe.executions)
     measured = latencies[:requests]
-    for transport in transports:
-        transport.stopped = True
-    await asyncio.sleep(0.05)  # the requests still in flight are answered
-    for conn in connections:
-        conn.connection_lost(None)
+    await clients_.close()
     return {"cpu_us": cpu / requests * 1e6, "rate": requests / wall, "loop_run_delay_ms": delay / 1e6,
             "wall_ms": wall * 1e3, **_summary(measured, executions)}
 

@@ -85,41 +85,60 @@ def http_request(model: str) -> bytes:
     return head.encode() + body
 
 
+class ClosedLoopClients:
+    """`clients` closed-loop connections to `app`, each sending the model's request again when answered.
+
+    `transport(loop, request, answered)` makes each connection's transport (a _ClosedLoopTransport).
+    """
+
+    def __init__(self, app: HttpApp, model: str, clients: int, requests: int, transport: Any = None) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.requests = requests
+        config = types.SimpleNamespace(loaded=True, loaded_app=app, timeout_keep_alive=60, root_path="")
+        state = types.SimpleNamespace(connections=set(), tasks=set(), default_headers=DEFAULT_HEADERS, total_requests=0)
+        request = http_request(model)
+        self.count = 0
+        self.reached: asyncio.Future[None] = self.loop.create_future()
+        make = transport or _ClosedLoopTransport
+        self.connections, self.transports = [], []
+        for _ in range(clients):
+            conn = HttpConnection(config, state, {}, self.loop)
+            transport_ = make(self.loop, request, self._answered)
+            transport_.conn = conn
+            conn.connection_made(transport_)
+            self.connections.append(conn)
+            self.transports.append(transport_)
+
+    def _answered(self) -> None:
+        self.count += 1
+        if self.count == self.requests and not self.reached.done():
+            self.reached.set_result(None)
+
+    async def window(self) -> None:
+        """Wait for the next `requests` answers (the first call sends every client's first request)."""
+        if self.count == 0 and not self.reached.done():
+            for transport in self.transports:
+                transport._send_next()
+        else:
+            self.count, self.reached = 0, self.loop.create_future()
+        await self.reached
+
+    async def close(self) -> None:
+        for transport in self.transports:
+            transport.stopped = True
+        await asyncio.sleep(0.05)  # the requests still in flight are answered
+        for conn in self.connections:
+            conn.connection_lost(None)
+
+
 async def measure(app: HttpApp, model: str, clients: int, requests: int) -> dict[str, float]:
     """CPU and wall microseconds per request over `requests` answers (after as many for warm-up)."""
-    loop = asyncio.get_running_loop()
-    config = types.SimpleNamespace(loaded=True, loaded_app=app, timeout_keep_alive=60, root_path="")
-    state = types.SimpleNamespace(connections=set(), tasks=set(), default_headers=DEFAULT_HEADERS, total_requests=0)
-    request = http_request(model)
-    count = 0
-    reached: asyncio.Future[None] = loop.create_future()
-
-    def answered() -> None:
-        nonlocal count
-        count += 1
-        if count == requests and not reached.done():
-            reached.set_result(None)
-
-    connections, transports = [], []
-    for _ in range(clients):
-        conn = HttpConnection(config, state, {}, loop)
-        transport = _ClosedLoopTransport(loop, request, answered)
-        transport.conn = conn
-        conn.connection_made(transport)
-        connections.append(conn)
-        transports.append(transport)
-    for conn in connections:
-        conn.data_received(request)
-    await reached  # warm-up
-    count, reached = 0, loop.create_future()
+    clients_ = ClosedLoopClients(app, model, clients, requests)
+    await clients_.window()  # warm-up
     cpu, thread, wall = time.process_time(), time.thread_time(), time.perf_counter()
-    await reached
+    await clients_.window()
     cpu, thread, wall = time.process_time() - cpu, time.thread_time() - thread, time.perf_counter() - wall
-    for transport in transports:
-        transport.stopped = True
-    await asyncio.sleep(0.05)  # the requests still in flight are answered
-    for conn in connections:
-        conn.connection_lost(None)
+    await clients_.close()
     return {"cpu_us": cpu / requests * 1e6, "loop_cpu_us": thread / requests * 1e6, "wall_us": wall / requests * 1e6}
 
 
