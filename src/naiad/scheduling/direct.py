@@ -42,11 +42,9 @@ class DirectScheduler:
         self._inflight += 1
         try:
             if instance is None:
-                idle = self._pool.try_acquire()  # what acquire() does first, without its coroutine
-                if idle is None:
-                    await self._run(item)
-                else:
-                    await run_batch(self._pool, idle, [item], self._batching, self._stats, self._inline)
+                instance = self._pool.try_acquire()  # what acquire() does first, without its coroutine
+            if instance is None:
+                await self._run(item)
             else:
                 await run_batch(self._pool, instance, [item], self._batching, self._stats, self._inline)
             return await item.future

@@ -10,7 +10,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc.params import apply_request_params, fill_params, params_to_dict
-from naiad.protocol.datatypes import WIRE_DTYPES
+from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
 from naiad.protocol.errors import NaiadError, invalid_arg, unsupported
 from naiad.protocol.tensor_codec import (
     array_from_raw,
@@ -124,13 +124,6 @@ def array_from_contents(
     return array.reshape(shape)
 
 
-# datatype -> (bytes per element, little-endian wire dtype, native dtype when the host differs)
-_RAW_FIXED: dict[str, tuple[int, np.dtype, np.dtype | None]] = {
-    name: (wire.itemsize, wire, None if wire == wire.newbyteorder("=") else wire.newbyteorder("="))
-    for name, wire in WIRE_DTYPES.items()
-}
-
-
 def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool,
                    raw: Sequence[bytes] | None = None) -> list[InferInput]:
     if raw is None:
@@ -140,15 +133,15 @@ def _decode_inputs(request: pb.ModelInferRequest, allow_shared_memory: bool,
     inputs: list[InferInput] = []
     for tensor in request.inputs:
         params = tensor.parameters
-        spec = _RAW_FIXED.get(tensor.datatype)
-        if spec is not None and not params and raw_index < n_raw and not tensor.HasField("contents"):
+        wire = WIRE_DTYPES.get(tensor.datatype)  # None for BYTES and unknown datatypes
+        if wire is not None and not params and raw_index < n_raw and not tensor.HasField("contents"):
             # the common case: a fixed-size tensor in raw_input_contents, no parameters
             shape = tuple(tensor.shape[:])
             buffer = raw[raw_index]
-            if (not shape or min(shape) >= 0) and len(buffer) == spec[0] * math.prod(shape):
-                array = np.ndarray(shape, spec[1], buffer)  # a read-only view of the message's bytes
-                if spec[2] is not None:
-                    array = array.astype(spec[2])
+            if (not shape or min(shape) >= 0) and len(buffer) == wire.itemsize * math.prod(shape):
+                array = np.ndarray(shape, wire, buffer)  # a read-only view of the message's bytes
+                if not wire.isnative:  # a big-endian host: a converted copy
+                    array = array.astype(NUMPY_DTYPES[tensor.datatype])
                 inputs.append(InferInput(tensor.name, tensor.datatype, shape, array, {}, None))
                 raw_index += 1
                 continue
