@@ -29,7 +29,6 @@ quartiles 0.66-1.46x: noise, no trend. What orders the p99 of the cells is the l
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import sys
@@ -181,13 +180,9 @@ async def run(repo: Path, cells: list[tuple[str, int]], intervals: list[int], ro
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", nargs="+", default=["mlp", "add_sub_onnx"], choices=["mlp", "add_sub_onnx", "xgboost"])
-    parser.add_argument("--variants", nargs="+", default=list(matrix_models.VARIANTS), choices=matrix_models.VARIANTS)
-    parser.add_argument("-c", "--clients", nargs="+", type=int, default=[8, 32])
+    parser = http_path_cost.cell_arguments(__doc__.split("\n\n")[0], 5_000)
     parser.add_argument("--intervals-us", nargs="+", type=int, default=list(INTERVALS_US))
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--requests", type=int, default=5_000, help="measured per cell (after as many for warm-up)")
     parser.add_argument("--never-inline", action="store_true",
                         help="every execution on the instance thread (inline_threshold_us 0), never on the loop")
     parser.add_argument("--json", type=Path, help="write the results here too")

@@ -158,12 +158,18 @@ async def run(repo: Path, cells: list[tuple[str, int]], requests: int) -> list[d
         await server.shutdown(timeout=5)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def cell_arguments(description: str, requests: int) -> argparse.ArgumentParser:
+    """The options that choose the cells (models, variants, clients) and the requests measured in each."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--models", nargs="+", default=["mlp", "add_sub_onnx"], choices=["mlp", "add_sub_onnx", "xgboost"])
     parser.add_argument("--variants", nargs="+", default=list(matrix_models.VARIANTS), choices=matrix_models.VARIANTS)
     parser.add_argument("-c", "--clients", nargs="+", type=int, default=[8, 32])
-    parser.add_argument("--requests", type=int, default=20_000, help="measured per cell (after as many for warm-up)")
+    parser.add_argument("--requests", type=int, default=requests, help="measured per cell (after as many for warm-up)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = cell_arguments(__doc__.split("\n\n")[0], 20_000)
     args = parser.parse_args(argv)
     import uvloop
 
