@@ -52,7 +52,7 @@ class InferenceService:
         state = self._state
         if state.exiting or not state.live:
             raise unavailable("Server not ready")
-        model = _current(resolved, request) if resolved is not None else None
+        model = _current(resolved, request)
         if model is None:
             model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
         if model.decoupled:
@@ -124,7 +124,7 @@ class InferenceService:
         as (NaiadError, is_final) and later responses follow, as Triton streams them.
         """
         self._state.check_serving()
-        model = _current(resolved, request) if resolved is not None else None
+        model = _current(resolved, request)
         if model is None:
             model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
         item = validate_request(model, request, self._shm)
@@ -239,8 +239,11 @@ class InferenceService:
             state.idle.set()
 
 
-def _current(resolved: ResolvedModel, request: InferenceRequest) -> ModelVersion | None:
-    """The version a handle holds, if it still serves; None: look the request's model up again."""
+def _current(resolved: ResolvedModel | None, request: InferenceRequest) -> ModelVersion | None:
+    """The version a handle holds, if it still serves; None (no handle, or a retired version): look
+    the request's model up."""
+    if resolved is None:
+        return None
     if not isinstance(resolved, ResolvedVersion) or resolved.name != request.model_name:
         raise internal(f"the model handle passed with a request for '{request.model_name}' was not resolved for it")
     return resolved.current()
