@@ -165,6 +165,12 @@ class ResponseIterator:
 class InferenceRequest:
     """A request received in execute(), or one built by the model for BLS (then call exec / async_exec)."""
 
+    # What a received request starts with (set per instance only when they change: less to do per request).
+    _preferred_memory: PreferredMemory | None = None
+    _trace: InferenceTrace | None = None
+    _release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+    _sender: InferenceResponseSender | None = None
+
     def __init__(
         self,
         request_id: str = "",
@@ -196,13 +202,13 @@ class InferenceRequest:
         self._correlation_id = correlation_id
         self._flags = int(flags)
         self._timeout = int(timeout)
-        self._preferred_memory: PreferredMemory | None = preferred_memory or PreferredMemory()
-        self._trace: InferenceTrace | None = trace or InferenceTrace()
+        self._preferred_memory = preferred_memory or PreferredMemory()
+        self._trace = trace or InferenceTrace()
         self._parameters = _parameters_json(parameters, "request")
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._runtime: Any = None
         self._handle: tuple | None = None
-        self._sender: InferenceResponseSender | None = None
+        self._sender = None
 
     @classmethod
     def _received(cls, runtime: Any, handle: tuple, inputs: list, requested: tuple, request_id: str,
@@ -217,13 +223,11 @@ class InferenceRequest:
         request._correlation_id = correlation_id
         request._flags = flags
         request._timeout = timeout
-        request._preferred_memory = None  # made on first use: most models never ask
-        request._trace = None
         request._parameters = parameters
-        request._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         request._runtime = runtime
         request._handle = handle
-        request._sender = None
+        # _preferred_memory and _trace (made on first use: most models never ask), _release_flags and
+        # _sender keep the class defaults.
         return request
 
     def inputs(self) -> list[Tensor]:

@@ -79,15 +79,20 @@ class Tensor:
     __slots__ = ("_name", "_array", "_datatype")
 
     def __init__(self, name: str, data: Any, dtype: str | None = None) -> None:
-        name = text(name, "Tensor name")
+        if type(name) is not str:
+            name = text(name, "Tensor name")
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if dtype == "BF16":
             array = array.view(np.uint16) if array.dtype.itemsize == 2 else array.astype(np.uint16)
             datatype = "BF16"
         else:
-            datatype = protocol_datatype(array)
-            if array.dtype.byteorder == ">":
-                array = array.astype(array.dtype.newbyteorder("="))
+            # Native-order numeric dtypes (nearly every tensor) are found at once, with nothing to convert.
+            found = _PROTOCOL_OF_NUMPY.get(array.dtype)
+            if found is None:
+                found = protocol_datatype(array)
+                if array.dtype.byteorder == ">":
+                    array = array.astype(array.dtype.newbyteorder("="))
+            datatype = found
         self._name = name
         self._array = array
         self._datatype = datatype

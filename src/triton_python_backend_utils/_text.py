@@ -11,6 +11,8 @@ from typing import Any
 
 def text(value: Any, what: str) -> str:
     """`value` as a str; bytes are decoded as UTF-8 (undecodable bytes become U+FFFD, never an exception)."""
+    if type(value) is str:
+        return value
     if isinstance(value, str):
         return str(value)  # numpy str_ becomes a plain str
     if isinstance(value, (bytes, bytearray)):
