@@ -15,14 +15,22 @@ import types
 from collections.abc import Awaitable
 from typing import Any
 
+import numpy as np
+
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
-from naiad.runtime.process.tensors import pack, unpack_one
+from naiad.runtime.process.tensors import NUMPY_OF, pack, unpack_one
 from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# Bound once: these run for every request.
+_DTYPES = {name: np.dtype(numpy_type) for name, numpy_type in NUMPY_OF.items()}
+_tensor = pb_utils.Tensor._wrap
+_received = pb_utils.InferenceRequest._received
+_RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+InferenceResponse = pb_utils.InferenceResponse
 
 
 class ReturnValueError(Exception):
@@ -152,13 +160,23 @@ class PythonModelHost(WorkerHost):
 
     def _requests(self, message: tuple[Any, ...]) -> list[Any]:
         _, batch_id, block, described, _ = message
-        view = self.runtime.peers.view(block) if block else None
+        runtime = self.runtime
+        view = runtime.peers.view(block) if block else None
+        model_name, model_version = runtime.model_name, runtime.model_version
         requests = []
-        for index, (request_id, correlation_id, flags, parameters, timeout, requested, metas) in enumerate(described):
-            inputs = [pb_utils.Tensor._wrap(m[0], unpack_one(view, m, copy=False), m[1]) for m in metas]
-            requests.append(pb_utils.InferenceRequest._received(
-                self.runtime, (batch_id, index), inputs, requested, request_id, correlation_id, flags, parameters,
-                timeout, self.runtime.model_name, self.runtime.model_version))
+        index = 0
+        for request_id, correlation_id, flags, parameters, timeout, requested, metas in described:
+            inputs = []
+            for meta in metas:
+                where = meta[3]
+                if type(where) is bytearray:  # a numeric tensor carried in the message: an array over its bytes
+                    array = np.ndarray(meta[2], _DTYPES[meta[1]], where)
+                else:
+                    array = unpack_one(view, meta, copy=False)
+                inputs.append(_tensor(meta[0], array, meta[1]))
+            requests.append(_received(runtime, (batch_id, index), inputs, requested, request_id, correlation_id,
+                                      flags, parameters, timeout, model_name, model_version))
+            index += 1
         return requests
 
     def _failure(self, exc: BaseException) -> tuple[Any, ...]:
@@ -187,31 +205,37 @@ class PythonModelHost(WorkerHost):
                 f"InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) size is:{len(result)}\n")
         rescheduled = _rescheduled(requests)
         groups: list[list[tuple[str, str, Any]]] = []
-        extras: list[tuple[bool | None, Any, tuple[str, str] | None]] = []
-        for index, (request, response) in enumerate(zip(requests, result)):
-            if index in rescheduled:
+        extras: list[tuple[bool, Any, tuple[str, str] | None]] = []
+        index = 0
+        for request, response in zip(requests, result):
+            if rescheduled and index in rescheduled:
                 if response is not None:
                     raise ReturnValueError("Expected a None object in the execute function return list for reschduled "
                                            f"request, found type '{type(response)}'.")
                 groups.append([])
-                extras.append((None, None, None))
-                continue
-            if response is None:
+                extras.append((False, None, None))
+            elif response is None:
                 groups.append([])
-                extras.append((None, None, ("execute() returned None for a request", "INTERNAL")))
-                continue
-            if not isinstance(response, pb_utils.InferenceResponse):
+                extras.append((False, None, ("execute() returned None for a request", "INTERNAL")))
+            elif not isinstance(response, InferenceResponse):
                 raise ReturnValueError("Expected an 'InferenceResponse' object in the execute function return list, "
                                        f"found type '{type(response)}'.")
-            requested = request._requested
-            if response.has_error():
+            elif response._error is not None:
                 groups.append([])
-                extras.append((None, response.parameters(), error_tuple(response.error())))
+                extras.append((False, response._parameters, error_tuple(response._error)))
             else:
-                groups.append([(t.name(), t.datatype(), t._array) for t in response.output_tensors() if t.name() in requested])
-                extras.append((True, response.parameters(), None))
+                requested = request._requested
+                group = []
+                for tensor in response._tensors:
+                    if tensor._name in requested:
+                        group.append((tensor._name, tensor._datatype, tensor._array))
+                groups.append(group)
+                extras.append((True, response._parameters, None))
+            index += 1
         block, metas = pack(self.runtime.pool, groups)
-        responses = [(metas[i] if extra[0] else None, extra[1], extra[2]) for i, extra in enumerate(extras)]
+        responses = []
+        for meta, (ok, parameters, error) in zip(metas, extras):
+            responses.append((meta if ok else None, parameters, error))
         self.channel.send(("d", batch_id, block, responses, None, rescheduled, timing))
 
     def _run_batch(self, message: tuple[Any, ...]) -> None:
@@ -267,8 +291,13 @@ class PythonModelHost(WorkerHost):
 
 def _rescheduled(requests: list[Any]) -> tuple[Any, ...]:
     """Indices of the requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE."""
-    flag = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
-    return tuple(i for i, request in enumerate(requests) if request.release_flags() == flag)
+    indices = []
+    index = 0
+    for request in requests:
+        if request._release_flags == _RESCHEDULE:
+            indices.append(index)
+        index += 1
+    return tuple(indices)
 
 
 def auto_complete(channel: BlockingChannel, message: tuple[Any, ...]) -> None:
