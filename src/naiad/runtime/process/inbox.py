@@ -43,7 +43,9 @@ class Inbox:
         self._channel = channel
         self._dispatch = dispatch
         self._on_eof = on_eof
-        lock = threading.Lock()
+        # Taken as `with self._lock` (a C-level context manager, cheaper than the Condition's); both
+        # conditions share it, so waits and notifies happen under it as before.
+        self._lock = lock = threading.Lock()
         self._cv = threading.Condition(lock)  # threads waiting for a command, a reply or the reading role
         self._helper_cv = threading.Condition(lock)  # only the helper: woken when coroutines need a reader
         self._reading = False
@@ -64,7 +66,7 @@ class Inbox:
                 raise SystemExit(0) from None
             return self._dispatch(message)
         finally:
-            with self._cv:
+            with self._lock:
                 self._reading = False
                 if self._waiting:
                     self._cv.notify_all()
@@ -73,7 +75,7 @@ class Inbox:
         """The next command for the calling (main) thread, reading the socket itself when it can."""
         self._busy_since = None
         while True:
-            with self._cv:
+            with self._lock:
                 while not self._commands and self._reading:
                     self._wait()
                 if self._commands:
@@ -94,7 +96,7 @@ class Inbox:
             self._waiting -= 1
 
     def post_command(self, message: tuple[Any, ...]) -> None:
-        with self._cv:
+        with self._lock:
             self._commands.append(message)
             if self._waiting:
                 self._cv.notify_all()
@@ -102,7 +104,7 @@ class Inbox:
     # ------------------------------------------------------------ replies
 
     def push(self, call: Call, item: Any) -> None:
-        with self._cv:
+        with self._lock:
             call.items.append(item)
             waiters, call.async_waiters = call.async_waiters, []
             if self._waiting:
@@ -113,7 +115,7 @@ class Inbox:
     def wait(self, call: Call) -> Any:
         """Block until the call has an item, reading the socket meanwhile if nobody else is."""
         while True:
-            with self._cv:
+            with self._lock:
                 while not call.items and self._reading:
                     self._wait()
                 if call.items:
@@ -126,7 +128,7 @@ class Inbox:
     async def wait_async(self, call: Call) -> Any:
         loop = asyncio.get_running_loop()
         while True:
-            with self._cv:
+            with self._lock:
                 if call.items:
                     return call.items.popleft()
                 future = loop.create_future()
@@ -136,7 +138,7 @@ class Inbox:
             try:
                 await future
             finally:
-                with self._cv:
+                with self._lock:
                     self._async_waiting -= 1
 
     # ------------------------------------------------------------ helper reader
@@ -152,7 +154,7 @@ class Inbox:
 
     def _helper(self) -> None:
         while True:
-            with self._cv:
+            with self._lock:
                 while self._reading or not self._helper_needed():
                     # Poll often only while the main thread is inside execute (idle workers stay quiet).
                     self._helper_cv.wait(BUSY_HANDOVER if self._busy_since is not None else IDLE_POLL)
