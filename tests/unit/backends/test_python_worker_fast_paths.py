@@ -1,0 +1,82 @@
+"""The Python-model worker's per-request shortcuts give exactly what the general tensor transport gives."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import numpy as np
+import pytest
+
+import triton_python_backend_utils as pb_utils
+from naiad.runtime.process.python_host import PythonModelHost, _inline_metas
+from naiad.runtime.process.shm import remove_prefixed
+from naiad.runtime.process.tensors import INLINE_MAX, pack, unpack_one
+
+INLINE_GROUPS = [
+    [("A", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16)), ("B", "INT64", np.array([[-3, 7]]))],
+    [],
+    [("C", "BOOL", np.array([True, False, True])), ("D", "FP16", np.ones((2, 2), np.float16)),
+     ("E", "BF16", np.array([0x3F80, 0x4000], np.uint16)), ("F", "UINT8", np.arange(200, dtype=np.uint8))],
+]
+
+
+def _as_plain(metas):
+    """Metadata with bytearrays as bytes (to compare content, not identity)."""
+    return [[tuple(bytes(f) if isinstance(f, bytearray) else f for f in meta) for meta in group] for group in metas]
+
+
+def test_inline_outputs_are_laid_out_as_pack_lays_them_out():
+    metas = _inline_metas(INLINE_GROUPS)
+    block, expected = pack(None, INLINE_GROUPS)
+    assert block is None
+    assert metas is not None and _as_plain(metas) == _as_plain(expected)
+    assert all(type(meta[3]) is bytearray for group in metas for meta in group)
+    # The pickled reply is what the server reads today.
+    assert pickle.loads(pickle.dumps(metas)) == pickle.loads(pickle.dumps(expected))
+
+
+@pytest.mark.parametrize("group", [
+    [("S", "BYTES", np.array([b"ab", b""], dtype=np.object_))],  # BYTES: length-prefixed encoding
+    [("Z", "FP32", np.zeros((0, 4), np.float32))],  # empty: no bytes, an offset
+    [("T", "FP32", np.arange(32, dtype=np.float32).reshape(4, 8).T)],  # not C-contiguous
+    [("W", "FP32", np.arange(4, dtype=np.float64))],  # converted to the wire dtype
+    [("L", "UINT8", np.zeros(INLINE_MAX // 2, np.uint8)), ("M", "UINT8", np.zeros(INLINE_MAX // 2 + 1, np.uint8))],
+], ids=["bytes", "empty", "transposed", "converted", "too-large"])
+def test_other_outputs_are_left_to_pack(group):
+    assert _inline_metas([group]) is None
+
+
+@pytest.fixture
+def host(tmp_path):
+    model = tmp_path / "1" / "model.py"
+    model.parent.mkdir()
+    model.write_text("class TritonPythonModel:\n    def execute(self, requests):\n        return []\n")
+    prefix = f"npw{uuid.uuid4().hex[:8]}_"
+    init = {"prefix": prefix, "decoupled": False, "model_name": "m", "model_version": 3, "model_file": str(model),
+            "args": {"model_instance_name": "m_0"}}
+    yield PythonModelHost(channel=None, init=init)  # type: ignore[arg-type]
+    remove_prefixed(prefix)
+
+
+def test_received_inputs_match_the_general_unpacking(host):
+    groups = [INLINE_GROUPS[0], [("S", "BYTES", np.array([b"x", b"yz"], dtype=np.object_)),
+                                 ("Z", "INT32", np.zeros((0, 2), np.int32))]]
+    block, metas = pack(None, groups)
+    assert block is None
+    described = [(f"id{i}", i, 0, "{}", 0, ("OUT",), metas[i]) for i in range(len(groups))]
+    requests = host._requests(pickle.loads(pickle.dumps(("x", 5, None, described, []))))
+    assert [r.request_id() for r in requests] == ["id0", "id1"]
+    assert [r.model_version() for r in requests] == [3, 3]
+    for request, group in zip(requests, metas):
+        for tensor, meta in zip(request.inputs(), group):
+            expected = unpack_one(None, meta, copy=False)
+            array = tensor.as_numpy()
+            assert tensor.name() == meta[0] and tensor.datatype() == meta[1]
+            assert array.dtype == expected.dtype and array.shape == expected.shape
+            np.testing.assert_array_equal(array, expected)
+            if meta[1] != "BYTES":
+                assert array.flags.writeable and array.flags.c_contiguous
+    assert pb_utils.get_input_tensor_by_name(requests[0], "B").as_numpy().tolist() == [[-3, 7]]
+    assert requests[0].release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+    assert requests[0].requested_output_names() == ["OUT"]
