@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import triton_python_backend_utils as pb_utils
-from naiad.runtime.process.python_host import PythonModelHost, _inline_metas
+from naiad.runtime.process.python_host import PythonModelHost
 from naiad.runtime.process.shm import remove_prefixed
 from naiad.runtime.process.tensors import INLINE_MAX, pack, unpack_one
+from naiad.runtime.process.worker_runtime import _inline_metas
 
 INLINE_GROUPS = [
     [("A", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16)), ("B", "INT64", np.array([[-3, 7]]))],

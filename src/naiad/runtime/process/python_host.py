@@ -20,14 +20,12 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
-from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMPY_OF, pack, unpack_one
-from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
+from naiad.runtime.process.tensors import unpack_one
+from naiad.runtime.process.worker_runtime import RAW_DTYPES, error_tuple, exit_worker, pack_outputs
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 # Bound once: these run for every request.
-# numpy dtypes of the datatypes sent as raw bytes (every one but BYTES).
-_DTYPES = {name: np.dtype(numpy_type) for name, numpy_type in NUMPY_OF.items() if name != "BYTES"}
 _tensor = pb_utils.Tensor._wrap
 _received = pb_utils.InferenceRequest._received
 _RESCHEDULE = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
@@ -171,7 +169,7 @@ class PythonModelHost(WorkerHost):
             for meta in metas:
                 where = meta[3]
                 if type(where) is bytearray:  # a numeric tensor carried in the message: an array over its bytes
-                    array = np.ndarray(meta[2], _DTYPES[meta[1]], where)
+                    array = np.ndarray(meta[2], RAW_DTYPES[meta[1]], where)
                 else:
                     array = unpack_one(view, meta, copy=False)
                 inputs.append(_tensor(meta[0], array, meta[1]))
@@ -233,10 +231,7 @@ class PythonModelHost(WorkerHost):
                 groups.append(group)
                 extras.append((True, response._parameters, None))
             index += 1
-        metas = _inline_metas(groups)
-        block = None
-        if metas is None:
-            block, metas = pack(self.runtime.pool, groups)
+        block, metas = pack_outputs(self.runtime.pool, groups)
         responses = []
         for meta, (ok, parameters, error) in zip(metas, extras):
             responses.append((meta if ok else None, parameters, error))
@@ -291,25 +286,6 @@ class PythonModelHost(WorkerHost):
             self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
         self.channel.send(("F",))
         exit_worker(self.runtime, 0)
-
-
-def _inline_metas(groups: list[list[tuple[str, str, Any]]]) -> list[list[tuple[Any, ...]]] | None:
-    """The metadata `tensors.pack` gives outputs small enough to travel in the message, made without its
-    general preparation, when every tensor is a non-empty C-contiguous array of its wire dtype (None otherwise)."""
-    total = 0
-    metas = []
-    for group in groups:
-        meta = []
-        for name, datatype, array in group:
-            nbytes = array.nbytes
-            if not nbytes or array.dtype != _DTYPES.get(datatype) or not array.flags.c_contiguous:
-                return None  # BYTES, empty, non-contiguous or converted tensors: pack() lays them out
-            total += (nbytes + ALIGN - 1) & -ALIGN
-            if total > INLINE_MAX:
-                return None
-            meta.append((name, datatype, array.shape, bytearray(array), nbytes))
-        metas.append(meta)
-    return metas
 
 
 def _rescheduled(requests: list[Any]) -> tuple[Any, ...]:
