@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -62,6 +63,8 @@ class BlockingChannel:
         self._pending: list[Any] = []
         self._buffer = bytearray(RECV_BUFFER)
         self._view = memoryview(self._buffer)
+        self._readable = select.poll()
+        self._readable.register(sock, select.POLLIN)
 
     def send(self, message: tuple[Any, ...]) -> None:
         data = encode(message)
@@ -71,6 +74,10 @@ class BlockingChannel:
     def receive(self) -> Any:
         """The next message; raises EOFError when the peer closed the connection."""
         while not self._pending:
+            # Wait in poll() for POLLIN only: a thread blocked in recv() is also woken each time the peer
+            # reads what we sent (a unix socket signals freed write space on the same wait queue), one
+            # needless switch into this process per reply whenever the peer reads it late.
+            self._readable.poll()
             count = self.sock.recv_into(self._buffer)
             if not count:
                 raise EOFError("connection closed")
