@@ -67,3 +67,23 @@ def test_receive_reports_a_closed_peer():
     with pytest.raises(EOFError):
         channel.receive()
     ours.close()
+
+
+def test_receive_takes_whole_split_and_joined_frames_in_order():
+    ours, peer = socket.socketpair()
+    channel = BlockingChannel(ours)
+    frames = [encode(("m", i, "x" * (i * 37))) for i in range(6)]
+    try:
+        peer.sendall(frames[0])  # one whole frame per read
+        assert channel.receive() == ("m", 0, "")
+        peer.sendall(frames[1] + frames[2])  # two in one read
+        assert [channel.receive(), channel.receive()] == [("m", 1, "x" * 37), ("m", 2, "x" * 74)]
+        peer.sendall(frames[3][:3])  # a frame split inside its header, then inside its body
+        threading.Timer(0.02, peer.sendall, (frames[3][3:20],)).start()
+        threading.Timer(0.04, peer.sendall, (frames[3][20:] + frames[4],)).start()
+        assert [channel.receive(), channel.receive()] == [("m", 3, "x" * 111), ("m", 4, "x" * 148)]
+        peer.sendall(frames[5])  # whole again after split ones
+        assert channel.receive() == ("m", 5, "x" * 185)
+    finally:
+        ours.close()
+        peer.close()
