@@ -18,7 +18,8 @@ protocol is built for the inference path instead:
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
-request's work is cancelled).
+request's work is cancelled). A third, `naiad.send_response`, writes a whole answer in one call
+instead of two ASGI messages (send_response).
 The app's first step runs at once, once the request's bytes at hand are parsed (as an eager task
 would): a request that never waits needs no task, and an infer request reaches the scheduler in
 the same event-loop turn; a request that waits gets its task when what it waits for is done.
@@ -123,7 +124,9 @@ class Exchange:
         self.disconnect_hook = _DisconnectHook()
         self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
         self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
-        scope["extensions"] = {"naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook}
+        scope["extensions"] = {
+            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook, "naiad.send_response": send_response,
+        }
 
     # ------------------------------------------------------------ request side (parser -> app)
 
@@ -227,12 +230,42 @@ class Exchange:
             self._wake()
             conn.response_complete(self)
 
+    def write_response(self, status: int, fields: bytes, body: bytes) -> bool:
+        """See send_response."""
+        conn = self.conn
+        default_head = conn.default_head
+        if self.started or conn.write_paused is not None or default_head is None:
+            return False
+        if self.disconnected:
+            return True  # as send() does: nothing goes to a client that left
+        self.started = True
+        self.expect_continue = False
+        if conn.shutting_down:
+            self.keep_alive = False
+        head = b"".join((
+            STATUS_LINES.get(status) or _status_line(status), default_head, fields,
+            b"content-length: %d\r\n" % len(body), b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
+        ))
+        if self.head_only:
+            body = b""
+        if len(body) > SMALL_WRITE:
+            conn.transport.writelines((head, body))
+        else:
+            conn.transport.write(head + body)
+        self.complete = True
+        self._wake()
+        conn.response_complete(self)
+        return True
+
     def _start(self, status: int, headers: Any) -> None:
         self.started = True
         self.expect_continue = False
         parts = [STATUS_LINES.get(status) or _status_line(status)]
         length: int | None = None
-        for name, value in (*self.conn.default_headers, *headers):
+        default_head = self.conn.default_head
+        if default_head is not None:
+            parts.append(default_head)
+        for name, value in (*self.conn.default_headers, *headers) if default_head is None else headers:
             if CR in value or LF in value or CR in name or LF in name:
                 raise RuntimeError("invalid HTTP header")
             lowered = name.lower()
@@ -294,6 +327,15 @@ class Exchange:
         self.conn.response_complete(self)
 
 
+def send_response(send: Any, status: int, fields: bytes, body: bytes) -> bool:
+    """The scope extension `naiad.send_response`: write a whole answer now, in place of the two ASGI
+    messages. `send` is the request's ASGI send; `fields` are header lines (each `name: value` and
+    CRLF) of safe values, without Content-Length or Connection (added here). False when it cannot go
+    at once (writing is paused, or a response was started): send the ASGI messages instead.
+    (A plain function, not the exchange's bound method, so the scope holds no cycle back to it.)"""
+    return send.__self__.write_response(status, fields, body)
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests, runs one exchange at a time (pipelined ones wait), writes answers."""
 
@@ -316,6 +358,7 @@ class HttpConnection(asyncio.Protocol):
         self.root_path = config.root_path
         self.server_state = server_state
         self.default_headers: list[tuple[bytes, bytes]] = server_state.default_headers
+        self.default_head = _default_head(self.default_headers)
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
@@ -687,6 +730,17 @@ class HttpConnection(asyncio.Protocol):
                 self.close()  # idle keep-alive connection, or one that never sent a request
             else:
                 self._arm_watchdog(self._idle_deadline)
+
+
+def _default_head(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The server's default headers as response head lines, written as they are into every answer;
+    None when one needs Exchange._start's checks (a CR or LF, Content-Length, Connection)."""
+    lines = []
+    for name, value in headers:
+        if CR in value or LF in value or CR in name or LF in name or name.lower() in (b"content-length", b"connection"):
+            return None
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)
 
 
 def _address(value: Any) -> tuple[str, int] | None:

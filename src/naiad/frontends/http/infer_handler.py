@@ -113,4 +113,5 @@ class InferHandler:
             logger.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        await send_infer_answer(send, payload, json_length, headers.accept_encoding)
+        await send_infer_answer(send, payload, json_length, headers.accept_encoding,
+                                scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)
