@@ -6,6 +6,7 @@ shape is refused instead of exhausting memory.
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any
 
@@ -14,6 +15,7 @@ import orjson
 
 from naiad.protocol.datatypes import (
     BYTE_SIZES,
+    NUMPY_DTYPES,
     WIRE_DTYPES,
     is_valid_datatype,
     numpy_dtype,
@@ -27,10 +29,7 @@ _LEN = struct.Struct("<I")
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
     """Product of dims as an exact Python int (no overflow for hostile shapes)."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return math.prod(shape)
 
 
 def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
@@ -217,10 +216,10 @@ def _regular_numbers(data: list[Any], datatype: str, shape: tuple[int, ...], nam
         parsed = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
         return None
-    dtype = numpy_dtype(datatype)
+    dtype = NUMPY_DTYPES[datatype]
     kind = parsed.dtype.kind
     # (numpy nests at most 64 levels, within MAX_JSON_DEPTH)
-    if kind not in _KIND_OK[dtype.kind] or parsed.size != element_count(shape):
+    if kind not in _KIND_OK[dtype.kind] or parsed.size != math.prod(shape):
         return None
     if kind in "iu" and dtype.kind in "iu":
         _check_range(int(parsed.min()), int(parsed.max()), datatype, dtype, name)

@@ -18,6 +18,7 @@ from naiad.frontends.http.infer_params import (
     remaining_parameters,
     shared_memory_ref,
 )
+from naiad.protocol.datatypes import NUMPY_DTYPES
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import (
@@ -96,6 +97,7 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
         raise invalid_arg("Unable to parse 'inputs'")
     offset = 0
     available = len(binary)
+    inputs = request.inputs
     for raw in raw_inputs:
         if not isinstance(raw, dict):
             raise invalid_arg("Unable to parse 'inputs'")
@@ -105,9 +107,14 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
         datatype = raw.get("datatype")
         if not isinstance(datatype, str):
             raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
-        check_datatype(datatype, name)
+        if datatype not in NUMPY_DTYPES:
+            check_datatype(datatype, name)  # raises
         shape = parse_shape(raw.get("shape"), name)
-        params = as_object(raw.get("parameters"), "parameters")
+        params = raw.get("parameters")
+        if params is None and "data" in raw:  # the usual JSON input: its data and nothing else
+            inputs.append(InferInput(name, datatype, shape, array_from_json(datatype, shape, raw["data"], name)))
+            continue
+        params = as_object(params, "parameters")
         has_binary = "binary_data_size" in params
         has_shm = "shared_memory_region" in params
         check_input_source(name, "data" in raw, has_binary, has_shm)
@@ -131,9 +138,7 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
             array, ref = None, shared_memory_ref(params)  # the core reads the region
         else:
             array = array_from_json(datatype, shape, raw["data"], name)
-        request.inputs.append(
-            InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED), ref)
-        )
+        inputs.append(InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED), ref))
     if offset != available:
         raise invalid_arg(f"unexpected additional input data for model '{request.model_name}'")
 
