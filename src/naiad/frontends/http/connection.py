@@ -356,6 +356,7 @@ class HttpConnection(asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.keep_alive_timeout = float(config.timeout_keep_alive)
         self.root_path = config.root_path
+        self.raw_root_path = self.root_path.encode("ascii")
         self.server_state = server_state
         self.default_headers: list[tuple[bytes, bytes]] = server_state.default_headers
         self.default_head = _default_head(self.default_headers)
@@ -520,7 +521,7 @@ class HttpConnection(asyncio.Protocol):
             "method": parser.get_method().decode("ascii"),
             "root_path": self.root_path,
             "path": self.root_path + path,
-            "raw_path": self.root_path.encode("ascii") + raw_path,
+            "raw_path": self.raw_root_path + raw_path if self.raw_root_path else raw_path,
             "query_string": query,
             "headers": self._headers,
             "state": {},
