@@ -6,6 +6,7 @@ shape is refused instead of exhausting memory.
 
 from __future__ import annotations
 
+import array
 import math
 import struct
 from typing import Any
@@ -168,6 +169,7 @@ def _flatten(data: list[Any], name: str) -> list[Any]:
     return flat
 
 
+_FLOAT_CODES = {"FP32": "f", "FP64": "d"}  # array module type codes of the float datatypes
 _KIND_OK = {
     "b": ("b",),
     "i": ("i", "u"),
@@ -212,6 +214,18 @@ def _regular_numbers(data: list[Any], datatype: str, shape: tuple[int, ...], nam
     Checking each element in Python first cost more than numpy's whole conversion."""
     if not data:
         return None
+    code = _FLOAT_CODES.get(datatype)
+    if code is not None and type(data[0]) is float:
+        # A flat list of JSON numbers, led by a float: the array module packs it in one pass,
+        # with numpy's values (each number as a double, then rounded to the type; past FP32's range,
+        # +-inf), where numpy would first build a float64 array. Anything else it refuses goes below.
+        try:
+            packed = array.array(code, data)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            if len(packed) == math.prod(shape):
+                return np.frombuffer(packed, NUMPY_DTYPES[datatype]).reshape(shape)
     try:
         parsed = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
