@@ -41,6 +41,7 @@ from naiad.protocol.types import (
 _INPUT_CONSUMED = ("binary_data_size", *SHM_KEYS)
 _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
 _EMPTY = memoryview(b"")
+_NOT_NUMPY_JSON = ("BYTES", "FP16", "BF16")  # written element by element (array_to_json), or refused
 
 
 @dataclass(slots=True)
@@ -173,13 +174,11 @@ def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: An
 def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
     """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings. orjson writes
     NaN and +-inf as null; with spell_non_finite they are written as Triton writes them instead."""
-    if datatype == "BYTES" or array.dtype.kind not in "biuf" or datatype in ("FP16", "BF16"):
+    if array.dtype.kind not in "biuf" or datatype in _NOT_NUMPY_JSON:
         return array_to_json(array, datatype)
-    flat = array.reshape(-1)
+    flat = array.ravel()  # C order, contiguous (a copy only when the array is not)
     if not flat.dtype.isnative:
         flat = flat.astype(flat.dtype.newbyteorder("="))
-    if not flat.flags.c_contiguous:
-        flat = np.ascontiguousarray(flat)
     if spell_non_finite and has_non_finite(flat):
         return non_finite_json_array(flat)
     return flat
@@ -200,13 +199,18 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
 def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: bool) -> tuple[bytes, list[bytes | memoryview]]:
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
+    binary, default_binary = plan.binary, plan.default_binary
     for out in response.outputs:
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": [int(d) for d in out.shape]}
+        shape = out.shape
+        entry: dict[str, Any] = {
+            "name": out.name, "datatype": out.datatype,
+            "shape": shape if type(shape) is tuple else [int(d) for d in shape],  # (array shapes are tuples of ints)
+        }
         params = out.parameters
         if out.data is None:
             if params:
                 entry["parameters"] = params
-        elif plan.is_binary(out.name):
+        elif binary.get(out.name, default_binary) if binary else default_binary:
             raw = array_to_raw(out.data, out.datatype)
             merged = dict(params) if params else {}
             merged["binary_data_size"] = len(raw)
@@ -218,9 +222,7 @@ def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: boo
                 entry["parameters"] = params
             entry["data"] = _json_data(out.data, out.datatype, spell_non_finite)
         outputs.append(entry)
-    doc: dict[str, Any] = {}
-    if response.id:
-        doc["id"] = response.id
+    doc: dict[str, Any] = {"id": response.id} if response.id else {}
     doc["model_name"] = response.model_name
     doc["model_version"] = str(response.model_version)
     if response.parameters:
