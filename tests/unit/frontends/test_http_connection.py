@@ -85,6 +85,20 @@ async def app(scope, receive, send) -> None:
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]})
             await send({"type": "http.response.body", "body": body})
+    elif path == "/take":  # the body through naiad.take_body when it is at hand, else receive()
+        body = scope["extensions"]["naiad.take_body"](receive)
+        how = b"took " if body is not None else b"received "
+        if body is None:
+            body = await _read_all(receive)
+        else:  # taken once: receive() now only says when the client leaves
+            assert scope["extensions"]["naiad.take_body"](receive) is None
+            later = asyncio.ensure_future(receive())
+            await asyncio.sleep(0.01)
+            assert not later.done()
+            later.cancel()
+        answer = how + body
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+        await send({"type": "http.response.body", "body": answer})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -234,6 +248,22 @@ def test_expect_100_continue(port):
         while chunk := conn.recv(65536):
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"okxyz")
+
+
+def test_a_body_at_hand_is_taken_without_receive_and_a_later_one_is_received(port):
+    request = b"POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request + b"\r\nxyz")
+        assert conn.recv(65536).endswith(b"\r\n\r\ntook xyz")
+        before = len(CALLS)
+        conn.sendall(request + b"\r\n")  # the body comes after the app started
+        _wait_for_call(before, "/take")
+        conn.sendall(b"abc")
+        assert conn.recv(65536).endswith(b"\r\n\r\nreceived abc")
+        conn.sendall(request + b"Expect: 100-continue\r\n\r\n")  # the client waits for 100 Continue
+        assert conn.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(b"def")
+        assert conn.recv(65536).endswith(b"\r\n\r\nreceived def")
 
 
 def test_app_errors_answer_500_and_close(port):

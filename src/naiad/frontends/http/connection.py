@@ -18,8 +18,9 @@ protocol is built for the inference path instead:
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
-request's work is cancelled). A third, `naiad.send_response`, writes a whole answer in one call
-instead of two ASGI messages (send_response).
+request's work is cancelled). Two more spare the inference path its ASGI messages:
+`naiad.take_body` hands over a body that has wholly arrived without a receive() (take_body), and
+`naiad.send_response` writes a whole answer in one call (send_response).
 The app's first step runs at once, once the request's bytes at hand are parsed (as an eager task
 would): a request that never waits needs no task, and an infer request reaches the scheduler in
 the same event-loop turn; a request that waits gets its task when what it waits for is done.
@@ -125,7 +126,8 @@ class Exchange:
         self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
         self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
         scope["extensions"] = {
-            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook, "naiad.send_response": send_response,
+            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook,
+            "naiad.take_body": take_body, "naiad.send_response": send_response,
         }
 
     # ------------------------------------------------------------ request side (parser -> app)
@@ -190,6 +192,12 @@ class Exchange:
         self.body_taken = not self.more_body  # later receives wait for the disconnect (or the answer)
         self.conn.resume_reading()
         return {"type": "http.request", "body": body, "more_body": self.more_body}
+
+    def take_whole_body(self) -> bytes | None:
+        """See take_body."""
+        if self.more_body or self.body_taken or self.expect_continue or self.disconnected or self.complete:
+            return None
+        return self._take_body()["body"]
 
     # ------------------------------------------------------------ response side (app -> socket)
 
@@ -325,6 +333,14 @@ class Exchange:
             STATUS_LINES[500] + b"content-type: text/plain; charset=utf-8\r\ncontent-length: 21\r\nconnection: close\r\n\r\n" + body
         )
         self.conn.response_complete(self)
+
+
+def take_body(receive: Any) -> bytes | None:
+    """The scope extension `naiad.take_body`: the request's whole body, when all of it has arrived
+    and none of it was received yet, as the one http.request message receive() would return (later
+    receives wait for the disconnect). None otherwise: receive() it. `receive` is the request's ASGI
+    receive (a plain function, as send_response is)."""
+    return receive.__self__.take_whole_body()
 
 
 def send_response(send: Any, status: int, fields: bytes, body: bytes) -> bool:

@@ -73,23 +73,25 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: i
     length. A raw binary body (length 0) is shaped by the model: raw_request.decode_raw_request."""
     if header_length == 0:
         raise ValueError("a raw binary body is decoded against its resolved model (decode_raw_request)")
-    view = memoryview(body)
     if header_length is None:
         doc = load_request_json(body)
         binary = _EMPTY
     else:
+        view = memoryview(body)
         doc = load_request_json(view[:header_length])
         binary = view[header_length:]
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    request = InferenceRequest(model_name=model, inputs=[], model_version=version)
     raw_id = doc.get("id", "")
     if not isinstance(raw_id, str):
         raise invalid_arg("Unable to parse 'id'")
-    request.id = raw_id
-    plan = OutputPlan(default_binary=apply_request_parameters(doc.get("parameters"), request))
+    request = InferenceRequest(model, [], version, raw_id)
+    params = doc.get("parameters")
+    plan = OutputPlan(apply_request_parameters(params, request) if params is not None else False)
     _decode_inputs(request, doc.get("inputs"), binary, header_length is not None)
-    _decode_outputs(request, plan, doc.get("outputs"))
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        _decode_outputs(request, plan, outputs)
     return request, plan
 
 

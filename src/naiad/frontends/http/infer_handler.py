@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from naiad.frontends.http.body import (
     Receive,
     RequestHeaders,
+    body_at_hand,
     body_timeout,
     decompress_body,
     read_body,
@@ -83,7 +84,9 @@ class InferHandler:
         server = self.server
         limit = server.config.http_max_input_size
         try:
-            body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
+            body = body_at_hand(scope, receive, headers, limit)
+            if body is None:
+                body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
             resolved: ResolvedModel | None = None
             try:
                 if headers.content_encoding is not None:
