@@ -470,11 +470,6 @@ class HttpConnection(asyncio.Protocol):
     def _headers_too_large(self) -> str:
         return f"request headers exceed the maximum of {self.max_header_bytes} bytes"
 
-    def _count_field(self, size: int) -> None:
-        self._field_bytes += size
-        if self._field_bytes > self.max_header_bytes:
-            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
-
     def pause_writing(self) -> None:
         if self.write_paused is None:
             self.write_paused = self.loop.create_future()
@@ -501,10 +496,14 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_field(len(url))
+        self._field_bytes += len(url)
+        if self._field_bytes > self.max_header_bytes:
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_field(len(name) + len(value) + HEADER_LINE_OVERHEAD)
+        self._field_bytes += len(name) + len(value) + HEADER_LINE_OVERHEAD
+        if self._field_bytes > self.max_header_bytes:
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
         name = name.lower()
         if name == b"transfer-encoding" and value.lower().replace(b" ", b"").replace(b"\t", b"") != b"chunked":
             # chunked is the only transfer coding understood: another one would be read as if absent

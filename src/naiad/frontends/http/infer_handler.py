@@ -28,7 +28,7 @@ from naiad.frontends.http.infer_codec import (
 from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import HeaderForwarder
-from naiad.observability.trace_context import incoming_traceparent
+from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 from naiad.protocol.types import InferenceRequest
 
@@ -64,7 +64,10 @@ async def infer_decoded(
     if forward_headers is not None:
         forward_headers.apply(scope["headers"], request.parameters)
     try:
-        with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
+        if propagating():
+            with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
+                response = await inference.infer(request, resolved)
+        else:
             response = await inference.infer(request, resolved)
     except DecoupledModelError:
         raise unsupported(DECOUPLED_MESSAGE) from None
