@@ -186,7 +186,7 @@ def test_a_whole_answer_is_the_answer_its_asgi_messages_give(port):
 def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
     """While the transport's buffer is full, naiad.send_response writes nothing and says so: the
     ASGI send then waits for the transport."""
-    from naiad.frontends.http.connection import send_response
+    from naiad.frontends.http.connection import send_response, take_body
 
     written: list[bytes] = []
     loop = asyncio.new_event_loop()
@@ -207,6 +207,11 @@ def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
         assert send_response(exchange.send, 200, b"", b"x") is True
         assert written == [b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx"] and exchange.complete
         assert send_response(exchange.send, 200, b"", b"y") is False  # one answer per request
+
+        async def wrapped_send(message):  # a middleware's send: the extension leaves it to ASGI messages
+            await exchange.send(message)
+
+        assert send_response(wrapped_send, 200, b"", b"z") is False and take_body(wrapped_send) is None
         conn.connection_lost(None)
     finally:
         loop.close()

@@ -339,8 +339,9 @@ def take_body(receive: Any) -> bytes | None:
     """The scope extension `naiad.take_body`: the request's whole body, when all of it has arrived
     and none of it was received yet, as the one http.request message receive() would return (later
     receives wait for the disconnect). None otherwise: receive() it. `receive` is the request's ASGI
-    receive (a plain function, as send_response is)."""
-    return receive.__self__.take_whole_body()
+    receive (a plain function, as send_response is); any other receive (a middleware's) gets None."""
+    exchange = getattr(receive, "__self__", None)
+    return exchange.take_whole_body() if type(exchange) is Exchange else None
 
 
 def send_response(send: Any, status: int, fields: bytes, body: bytes) -> bool:
@@ -348,8 +349,10 @@ def send_response(send: Any, status: int, fields: bytes, body: bytes) -> bool:
     messages. `send` is the request's ASGI send; `fields` are header lines (each `name: value` and
     CRLF) of safe values, without Content-Length or Connection (added here). False when it cannot go
     at once (writing is paused, or a response was started): send the ASGI messages instead.
-    (A plain function, not the exchange's bound method, so the scope holds no cycle back to it.)"""
-    return send.__self__.write_response(status, fields, body)
+    (A plain function, not the exchange's bound method, so the scope holds no cycle back to it.)
+    Any other send (a middleware's) gets False."""
+    exchange = getattr(send, "__self__", None)
+    return exchange.write_response(status, fields, body) if type(exchange) is Exchange else False
 
 
 class HttpConnection(asyncio.Protocol):
