@@ -28,18 +28,20 @@ class OutputReader:
         self.closed = False
 
     def read(self, block: str | None, metas: list[Any]) -> dict[str, np.ndarray]:
-        mapping = self._peers.view(block) if block else None
+        if not block:  # every output inline in the message: its arrays own their data
+            return {meta[0]: unpack_one(None, meta, True) for meta in metas}
+        mapping = self._peers.view(block)
         outputs: dict[str, np.ndarray] = {}
         views = 0
         for meta in metas:
-            if block and mapping is not None and meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
+            if meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
                 array = unpack_one(mapping, meta, copy=False)
                 weakref.finalize(array, self._view_gone, block)
                 views += 1
             else:
                 array = unpack_one(mapping, meta, copy=True)
             outputs[meta[0]] = array
-        if views and block:
+        if views:
             self._holds[block] = self._holds.get(block, 0) + views
         return outputs
 

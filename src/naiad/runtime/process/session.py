@@ -68,7 +68,7 @@ class _Batch:
                  future: asyncio.Future[Any]) -> None:
         self.requests = requests
         self.respond = respond
-        self.open = set(range(len(requests)))
+        self.open = {0} if len(requests) == 1 else set(range(len(requests)))
         self.done = False
         self.block = block
         self.future = future
@@ -302,29 +302,31 @@ class WorkerSession:
     def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future[Any]:
         """Send one batch; the future resolves with the execution's (start, end) when execute returned
         (None when the worker was lost first)."""
-        future = self._loop.create_future()
-        groups = []
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise internal(f"Stub process '{self.name}' is not healthy.")
         input_types = self._input_types
-        for request in requests:
-            groups.append([
-                (name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()
-            ])
+        groups = [[(name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()]
+                  for request in requests]
         block, metas = pack(self.pool, groups)
         described = [
             (r.request_id, r.correlation_id, r.flags, json.dumps(r.parameters, default=str) if r.parameters else "{}",
              r.timeout_us, tuple(r.requested_outputs), metas[i])
             for i, r in enumerate(requests)
         ]
-        self._next_batch += 1
-        batch_id = self._next_batch
-        self._batches[batch_id] = _Batch(requests, respond, block, future)
+        self._next_batch = batch_id = self._next_batch + 1
+        releases = self._releases
+        if releases:  # the worker's blocks read since the last message ride along
+            releases = self.take_releases()
         try:
-            self.send(("x", batch_id, block, described, self.take_releases()))
-        except NaiadError:
-            self._batches.pop(batch_id, None)
+            data = encode(("x", batch_id, block, described, releases))
+        except Exception:
             if block:
                 self.pool.release(block)
             raise
+        future = self._loop.create_future()
+        self._batches[batch_id] = _Batch(requests, respond, block, future)
+        transport.write(data)
         return future
 
     def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
@@ -348,33 +350,38 @@ class WorkerSession:
 
     def _on_done(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, responses, error, rescheduled, timing = message
+        reader = self._reader
         batch = self._batches.get(batch_id)
         if batch is None:
-            self._reader.done_with(block)
+            reader.done_with(block)
             return
         for index in rescheduled:
             self._reschedule(batch, index)
+        still_open = batch.open
+        respond = batch.respond
         if error is not None:
             failure = error_of(error)
-            for index in sorted(batch.open):
-                batch.respond(index, BackendResponse(None, error=failure, final=True, execution_ns=timing))
-            batch.open.clear()
+            for index in sorted(still_open):
+                respond(index, BackendResponse(None, error=failure, final=True, execution_ns=timing))
+            still_open.clear()
         elif responses is not None:
             for index, (metas, parameters, err) in enumerate(responses):
-                if index not in batch.open:
+                if index not in still_open:
                     continue
-                batch.open.discard(index)
+                still_open.discard(index)
                 if err is not None:  # an InferenceResponse(error=...): a success in Triton's statistics
-                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
-                                                         counts_as_failure=False, execution_ns=timing))
+                    respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
+                                                   counts_as_failure=False, execution_ns=timing))
                 else:
-                    outputs = self._reader.read(block, metas)
-                    batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True, execution_ns=timing))
-        self._reader.done_with(block)
+                    outputs = reader.read(block, metas)
+                    respond(index, BackendResponse(outputs, _parameters(parameters), None, True, True, timing))
+        if block:
+            reader.done_with(block)
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
-        self._close_if_complete(batch_id, batch)
+        if not still_open:
+            self._close_if_complete(batch_id, batch)
 
     def _reschedule(self, batch: _Batch, index: int) -> None:
         """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer

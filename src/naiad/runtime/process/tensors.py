@@ -75,7 +75,9 @@ def _prepare(datatype: str, array: np.ndarray) -> tuple[bytes | np.ndarray, int]
         data = encode_bytes(array if array.dtype.kind == "O" else np.asarray(array, dtype=np.object_))
         return data, len(data)
     wanted = NUMPY_OF[datatype]
-    if not array.flags.c_contiguous or (array.dtype != wanted and datatype != "BF16"):
+    dtype = array.dtype
+    # `is` first: the common case (the datatype's own dtype) skips the slower comparison
+    if not array.flags.c_contiguous or (dtype is not wanted and dtype != wanted and datatype != "BF16"):
         array = np.ascontiguousarray(array, dtype=None if datatype == "BF16" else wanted)
     return array, array.nbytes
 
@@ -140,7 +142,7 @@ def unpack_one(mapping: mmap.mmap | None, meta: tuple[Any, ...], copy: bool) -> 
         return decode_bytes(mapping[where : where + nbytes], count).reshape(shape)
     dtype = NUMPY_OF[datatype]
     if inline:
-        return np.frombuffer(where, dtype).reshape(shape)
+        return np.ndarray(shape, dtype, where)  # one call: half the cost of frombuffer().reshape()
     if mapping is None or nbytes == 0:
         return np.zeros(shape, dtype=dtype)
     array = np.ndarray(shape, dtype, mapping, where)
