@@ -16,7 +16,6 @@ from naiad.backends.base import (
     BackendResponse,
     ExecutionBatch,
     ExecutionOutcome,
-    ExecutionTiming,
     PoolInstance,
     RequestModelInstance,
     TensorInstance,
@@ -76,6 +75,11 @@ class WorkItem:
 
     def fail(self, error: NaiadError) -> None:
         self.deliver(BackendResponse(None, error=error, final=True))
+
+    def run_again(self) -> None:
+        """BackendRequest.reschedule of this item: queue it again (a bound method: cheaper than a partial)."""
+        assert self.reschedule is not None
+        self.reschedule(self)
 
     def abandon(self) -> None:
         """Its caller stopped waiting (cancelled): the backend sees is_cancelled() and its responses are dropped."""
@@ -164,22 +168,18 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     for item in items:
         item.dispatch_ns = start
         request = item.request
-        reschedule = functools.partial(item.reschedule, item) if item.reschedule is not None else None
+        reschedule = item.run_again if item.reschedule is not None else None
         if request is None:
             requests.append(BackendRequest(item.inputs, item.output_names, is_cancelled=item.future.cancelled, reschedule=reschedule))
             continue
+        parameters = request.parameters
+        # positional, in BackendRequest's field order: a dataclass __init__ parses keywords slower
         requests.append(
             BackendRequest(
-                inputs=item.inputs,
-                requested_outputs=item.output_names,
-                request_id=request.id,
-                correlation_id=request.sequence_id,
-                flags=(1 if request.sequence_start else 0) | (2 if request.sequence_end else 0),
-                parameters=dict(request.parameters),
-                timeout_us=request.timeout_us,
-                model_name=request.model_name,
-                is_cancelled=item.future.cancelled,
-                reschedule=reschedule,
+                item.inputs, item.output_names, request.id, request.sequence_id,
+                (1 if request.sequence_start else 0) | (2 if request.sequence_end else 0),
+                dict(parameters) if parameters else {}, request.timeout_us, request.model_name, 0,
+                item.future.cancelled, reschedule,
             )
         )
 
@@ -198,15 +198,19 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     for it in items:
         if it.dispatch_ns == start:  # no response timed by the backend (yet)
             it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
-
-    def count(timing: ExecutionTiming | None) -> None:
-        began, ended = timing or (start, time.perf_counter_ns())
-        stats.record_execution(rows if batching else len(items), len(items), 0, ended - began, 0)
-
+    size = rows if batching else len(items)
     if isinstance(outcome, asyncio.Future):  # handed over, still running: counted once it ended
-        outcome.add_done_callback(lambda done: count(None if done.cancelled() else done.result()))
+        outcome.add_done_callback(functools.partial(_count_handed_over, stats, size, len(items), start))
     else:
-        count(outcome or (start, end))
+        began, ended = outcome or (start, end)
+        stats.record_execution(size, len(items), 0, ended - began, 0)
+
+
+def _count_handed_over(stats: ModelStatistics, size: int, count: int, start: int, done: asyncio.Future[Any]) -> None:
+    """Count an execution a backend finished after execute_requests returned (its timing, or start..now)."""
+    timing = None if done.cancelled() else done.result()
+    began, ended = timing or (start, time.perf_counter_ns())
+    stats.record_execution(size, count, 0, ended - began, 0)
 
 
 async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,

@@ -245,7 +245,7 @@ class ProcessInstance:
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
             return None
-        if session.info.get("async_execute"):
+        if session.async_execute:
             return done  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
             try:
@@ -261,7 +261,8 @@ class ProcessInstance:
         # one runs, so the worker goes from one execute to the next without sleeping in between, and
         # both processes wake up once for several requests. The worker still runs one execute at a time.
         pipeline = self._pipeline
-        self._settle(pipeline)
+        if pipeline and pipeline[0].done():
+            self._settle(pipeline)
         pipeline.append(done)
         while len(pipeline) >= self._depth:
             # A cancelled caller here cancels pipeline[0], an earlier batch's future: harmless, the

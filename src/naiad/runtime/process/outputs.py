@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from naiad.runtime.process.shm import PeerBlocks
-from naiad.runtime.process.tensors import unpack_one
+from naiad.runtime.process.tensors import NUMPY_OF, unpack_one
 
 ZERO_COPY_MIN = 64 * 1024  # smaller outputs are copied (cheaper than tracking a view)
 
@@ -29,7 +29,14 @@ class OutputReader:
 
     def read(self, block: str | None, metas: list[Any]) -> dict[str, np.ndarray]:
         if not block:  # every output inline in the message: its arrays own their data
-            return {meta[0]: unpack_one(None, meta, True) for meta in metas}
+            outputs = {}
+            for meta in metas:
+                name, datatype, shape, data, nbytes = meta
+                if nbytes and datatype != "BYTES":  # what unpack_one does for it, without the call
+                    outputs[name] = np.ndarray(shape, NUMPY_OF[datatype], data)
+                else:
+                    outputs[name] = unpack_one(None, meta, True)
+            return outputs
         mapping = self._peers.view(block)
         outputs: dict[str, np.ndarray] = {}
         views = 0

@@ -83,7 +83,10 @@ class _Protocol(asyncio.Protocol):
         session = self._session
         for message in self._decoder.feed(data):
             try:
-                session.dispatch(message)
+                if message[0] == "d":  # a finished batch, the usual message: no dispatch call
+                    session._on_done(message)
+                else:
+                    session.dispatch(message)
             except Exception:  # a bad message must not break the channel
                 log.exception("error handling a message from worker %s", session.name)
         session.schedule_releases()
@@ -126,6 +129,7 @@ class WorkerSession:
         self.alive = False
         self.closing = False
         self.info: dict[str, Any] = {}
+        self.async_execute = False  # info["async_execute"], read once per batch
         # Set by an instance that queues several batches at this worker: receives (requests, respond,
         # future) of the batches that had not started when the worker died.
         self.keep_unstarted: Callable[[list[tuple[Any, ...]]], None] | None = None
@@ -151,6 +155,7 @@ class WorkerSession:
             self._init["prewarmed"] = None
         self.send(("init", self._init))
         self.info = await self._started
+        self.async_execute = bool(self.info.get("async_execute"))
         if self.info.get("prewarmed"):
             self.peers.view(self.info["prewarmed"])
         return self.info
@@ -224,7 +229,7 @@ class WorkerSession:
             self._started.set_exception(WorkerStartError(
                 f"the worker process of '{self.name}' exited during start-up{detail}; see the server log for its output"))
         batches = list(self._batches.values())
-        if self.keep_unstarted is not None and not self.info.get("async_execute"):
+        if self.keep_unstarted is not None and not self.async_execute:
             batches = self._hand_back_unstarted(batches, self.keep_unstarted)
         for batch in batches:
             for index in sorted(batch.open):

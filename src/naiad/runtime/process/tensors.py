@@ -95,14 +95,18 @@ def pack(pool: BlockPool, groups: list[Any], inline_max: int = INLINE_MAX) -> tu
     for group in groups:
         items = []
         for name, datatype, array in group:
-            payload, nbytes = _prepare(datatype, array)
+            if array.dtype is NUMPY_OF.get(datatype) and datatype != "BYTES" and array.flags.c_contiguous:
+                payload, nbytes = array, array.nbytes  # what _prepare returns for it, without the call
+            else:
+                payload, nbytes = _prepare(datatype, array)
             items.append((name, datatype, array.shape, total, nbytes, payload))
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
         prepared.append(items)
     if total == 0:
         return None, [[item[:5] for item in items] for items in prepared]
     if total <= inline_max:
-        return None, [[(name, datatype, shape, _inline(payload) if nbytes else offset, nbytes)
+        return None, [[(name, datatype, shape,
+                        (payload if isinstance(payload, bytes) else bytearray(payload)) if nbytes else offset, nbytes)
                        for name, datatype, shape, offset, nbytes, payload in items] for items in prepared]
     block = pool.acquire(total)
     mapping = block.mapping
@@ -120,10 +124,6 @@ def pack(pool: BlockPool, groups: list[Any], inline_max: int = INLINE_MAX) -> tu
             meta.append((name, datatype, shape, offset, nbytes))
         metas.append(meta)
     return block.name, metas
-
-
-def _inline(payload: bytes | np.ndarray) -> bytes | bytearray:
-    return payload if isinstance(payload, bytes) else bytearray(payload)
 
 
 def unpack_one(mapping: mmap.mmap | None, meta: tuple[Any, ...], copy: bool) -> np.ndarray:
