@@ -94,7 +94,8 @@ class InferenceService:
             if result.outputs is None:
                 raise internal(f"model '{model.name}' completed the request without a response")
             response = build_response(model, request, result.outputs, self._shm)
-            response.parameters = dict(result.parameters)
+            if result.parameters:  # else the response's own empty dict stands
+                response.parameters = dict(result.parameters)
             if key is not None and cache is not None:
                 insert_start = time.perf_counter_ns()
                 cache.put(key, result.outputs, result.parameters)
