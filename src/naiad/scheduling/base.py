@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -183,34 +182,75 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
             )
         )
 
-    def respond(index: int, response: BackendResponse) -> None:
-        items[index].deliver(response)
-
+    rows = items[0].batch_size if len(items) == 1 else sum(it.batch_size for it in items)
+    execution = _RequestExecution(items, stats, rows if batching else len(items), start)
     outcome: ExecutionOutcome = None
     try:
-        outcome = await instance.execute_requests(requests, respond)
+        outcome = await instance.execute_requests(requests, execution.respond)
+    except asyncio.CancelledError:
+        execution.counted = True  # the caller was cancelled: run_batch counts what still runs
+        raise
     except Exception as exc:  # the whole batch failed before answering
         error = _as_error(exc)
         for item in items:
             item.fail(error)
-    rows = items[0].batch_size if len(items) == 1 else sum(it.batch_size for it in items)
     end = time.perf_counter_ns()
     for it in items:
         if it.dispatch_ns == start:  # no response timed by the backend (yet)
             it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
-    size = rows if batching else len(items)
     if isinstance(outcome, asyncio.Future):  # handed over, still running: counted once it ended
-        outcome.add_done_callback(functools.partial(_count_handed_over, stats, size, len(items), start))
-    else:
-        began, ended = outcome or (start, end)
-        stats.record_execution(size, len(items), 0, ended - began, 0)
+        execution.handed_over(outcome)
+    elif not execution.counted:
+        execution.count(outcome or (start, end))
 
 
-def _count_handed_over(stats: ModelStatistics, size: int, count: int, start: int, done: asyncio.Future[Any]) -> None:
-    """Count an execution a backend finished after execute_requests returned (its timing, or start..now)."""
-    timing = None if done.cancelled() else done.result()
-    began, ended = timing or (start, time.perf_counter_ns())
-    stats.record_execution(size, count, 0, ended - began, 0)
+class _RequestExecution:
+    """One execution of whole requests: routes their responses and counts it in the statistics, once.
+
+    A backend that times its executions (a Python worker) answers each request with the execution's
+    (start, end) once it has ended: when the last request is answered so, the execution is counted
+    right there. Otherwise (streamed responses, rescheduled requests, a lost worker) it is counted
+    when execute_requests returns, or when the future it handed over ends.
+    """
+
+    __slots__ = ("items", "stats", "size", "start", "unanswered", "counted", "outcome")
+
+    def __init__(self, items: list[WorkItem], stats: ModelStatistics, size: int, start: int) -> None:
+        self.items = items
+        self.stats = stats
+        self.size = size
+        self.start = start
+        self.unanswered = len(items)  # requests not yet answered with the execution's timing
+        self.counted = False
+        self.outcome: asyncio.Future[Any] | None = None
+
+    def respond(self, index: int, response: BackendResponse) -> None:
+        self.items[index].deliver(response)
+        if response.execution_ns is not None and response.final:
+            self.unanswered -= 1
+            if not self.unanswered and not self.counted:  # the execution has ended: no callback needed
+                self.count(response.execution_ns)
+                if self.outcome is not None:
+                    self.outcome.remove_done_callback(self._ended)
+
+    def handed_over(self, outcome: asyncio.Future[Any]) -> None:
+        if self.counted:
+            return
+        if outcome.done():
+            self._ended(outcome)
+            return
+        self.outcome = outcome
+        outcome.add_done_callback(self._ended)
+
+    def _ended(self, outcome: asyncio.Future[Any]) -> None:
+        if not self.counted:
+            timing = None if outcome.cancelled() else outcome.result()
+            self.count(timing or (self.start, time.perf_counter_ns()))
+
+    def count(self, timing: tuple[int, int]) -> None:
+        self.counted = True
+        began, ended = timing
+        self.stats.record_execution(self.size, len(self.items), 0, ended - began, 0)
 
 
 async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,
