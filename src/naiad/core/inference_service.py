@@ -226,18 +226,15 @@ class InferenceService:
             residency.release(name)
 
     def _begin_request(self, model_name: str) -> None:
-        state = self._state
-        state.inflight += 1
-        if state.inflight == 1:  # only _end_request sets it, at zero
-            state.idle.clear()
+        self._state.inflight += 1
         self._models.residency.begin_use(model_name)
 
     def _end_request(self, model_name: str) -> None:
         self._models.residency.end_use(model_name)
         state = self._state
         state.inflight -= 1
-        if state.inflight == 0:
-            state.idle.set()
+        if not state.inflight and state.idle_waiters:
+            state.wake_idle_waiters()
 
 
 def _current(resolved: ResolvedModel | None, request: InferenceRequest) -> ModelVersion | None:
