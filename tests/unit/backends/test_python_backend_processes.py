@@ -285,3 +285,22 @@ def test_a_batch_that_cannot_be_sent_leaves_nothing_behind(tmp_path, prefix, mon
         assert np.array_equal(response.output("Y").data, big["X"])
         assert session._batches == {} and session.pool.in_use() == 0
     assert _shm_names(prefix) == []
+
+
+def test_a_lone_worker_holds_at_most_its_pipeline_depth_and_the_rest_is_pending(tmp_path, prefix):
+    """Long executions (depth 2): of three requests, the worker holds two (one running, one queued) and
+    the third waits in the server, counted as pending like the queued one; all three are answered."""
+    model_dir = write_model(tmp_path, "pids", PID_CONFIG % 1, PID_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        model = server.models.lookup("pids")
+        instance = model.pool.instances[0]
+        worker = instance.pid
+        first = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(1.0)), server._loop)
+        wait_until(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
+        instance._depth = 2  # what a model with executions this long settles on
+        later = [asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(0)), server._loop)
+                 for _ in range(2)]
+        wait_until(lambda: model.scheduler.pending() == 2)
+        assert len(instance._serving._batches) == 2  # the third request never reached the worker yet
+        assert all(int(f.result(30).output("PID").data[0]) == worker for f in [first, *later])
+        assert model.scheduler.pending() == 0 and len(instance._serving._batches) == 0
