@@ -28,8 +28,8 @@ class OutputReader:
         self.closed = False
 
     def read(self, block: str | None, metas: list[Any]) -> dict[str, np.ndarray]:
+        outputs: dict[str, np.ndarray] = {}
         if not block:  # every output inline in the message: its arrays own their data
-            outputs = {}
             for meta in metas:
                 name, datatype, shape, data, nbytes = meta
                 if nbytes and datatype != "BYTES":  # what unpack_one does for it, without the call
@@ -38,7 +38,6 @@ class OutputReader:
                     outputs[name] = unpack_one(None, meta, True)
             return outputs
         mapping = self._peers.view(block)
-        outputs: dict[str, np.ndarray] = {}
         views = 0
         for meta in metas:
             if meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
