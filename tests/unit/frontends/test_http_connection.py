@@ -217,6 +217,39 @@ def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
         loop.close()
 
 
+def test_a_keep_alive_connection_writes_the_date_the_server_has_now():
+    """uvicorn renews the server's default headers (their Date) every second: an answer on a connection
+    opened earlier carries the current ones, through either way of writing an answer."""
+    from naiad.frontends.http.connection import send_response
+
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        transport = type("Transport", (), {
+            "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
+            "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
+        })()
+        config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
+        state = type("State", (), {"connections": set(), "tasks": set(), "total_requests": 0,
+                                   "default_headers": [(b"date", b"Wed, 25 Nov 2026 10:00:00 GMT")]})()
+        conn = HttpConnection(config, state, {}, loop)
+        conn.connection_made(transport)
+        scope = {"method": "GET", "http_version": "1.1"}
+        assert send_response(Exchange(conn, scope, keep_alive=True, expect_continue=False).send, 200, b"", b"x")
+        state.default_headers = [(b"date", b"Wed, 25 Nov 2026 10:00:01 GMT")]
+        assert send_response(Exchange(conn, scope, keep_alive=True, expect_continue=False).send, 200, b"", b"y")
+        state.default_headers = [(b"date", b"Wed, 25 Nov 2026 10:00:02 GMT")]
+        exchange = Exchange(conn, scope, keep_alive=True, expect_continue=False)
+        loop.run_until_complete(exchange.send({"type": "http.response.start", "status": 200, "headers": []}))
+        loop.run_until_complete(exchange.send({"type": "http.response.body", "body": b"z"}))
+        dates = [line for answer in written for line in answer.split(b"\r\n") if line.startswith(b"date: ")]
+        assert dates == [b"date: Wed, 25 Nov 2026 10:00:00 GMT", b"date: Wed, 25 Nov 2026 10:00:01 GMT",
+                         b"date: Wed, 25 Nov 2026 10:00:02 GMT"]
+        conn.connection_lost(None)
+    finally:
+        loop.close()
+
+
 def test_streamed_response_is_chunked_on_http11(port):
     answer = _exchange(port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")

@@ -241,7 +241,7 @@ class Exchange:
     def write_response(self, status: int, fields: bytes, body: bytes) -> bool:
         """See send_response."""
         conn = self.conn
-        default_head = conn.default_head
+        default_head = conn.current_default_head()
         if self.started or conn.write_paused is not None or default_head is None:
             return False
         if self.disconnected:
@@ -270,7 +270,7 @@ class Exchange:
         self.expect_continue = False
         parts = [STATUS_LINES.get(status) or _status_line(status)]
         length: int | None = None
-        default_head = self.conn.default_head
+        default_head = self.conn.current_default_head()
         if default_head is not None:
             parts.append(default_head)
         for name, value in (*self.conn.default_headers, *headers) if default_head is None else headers:
@@ -409,6 +409,15 @@ class HttpConnection(asyncio.Protocol):
         self._watchdog: asyncio.TimerHandle | None = None
 
     # ------------------------------------------------------------ asyncio.Protocol
+
+    def current_default_head(self) -> bytes | None:
+        """The server's default headers as head lines (see _default_head), joined again only when the
+        server replaced them: uvicorn renews the list with each second's Date header."""
+        headers = self.server_state.default_headers
+        if headers is not self.default_headers:
+            self.default_headers = headers
+            self.default_head = _default_head(headers)
+        return self.default_head
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
