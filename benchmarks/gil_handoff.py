@@ -44,10 +44,10 @@ import http_path_cost
 import matrix_models
 
 from naiad.backends.base import ExecutionBatch
+from naiad.config.collector import freeze_startup_heap
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.frontends.http.app import HttpApp
-from naiad.runtime.memory import freeze_startup_heap
 from naiad.runtime.thread_instance import ThreadInstance
 
 RESULT_TAG = "GIL_HANDOFF "

@@ -31,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import matrix_models
 import wrk_load
 
+from naiad.config.collector import freeze_startup_heap
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.frontends.http.app import HttpApp
 from naiad.frontends.http.connection import HttpConnection
-from naiad.runtime.memory import freeze_startup_heap
 
 RESULT_TAG = "HTTP_PATH_COST "
 DEFAULT_HEADERS = [(b"date", b"Wed, 25 Nov 2026 20:00:00 GMT"), (b"server", b"naiad")]
@@ -161,7 +161,7 @@ async def run(repo: Path, cells: list[tuple[str, int]], requests: int) -> list[d
 def cell_arguments(description: str, requests: int) -> argparse.ArgumentParser:
     """The options that choose the cells (models, variants, clients) and the requests measured in each."""
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--models", nargs="+", default=["mlp", "add_sub_onnx"], choices=["mlp", "add_sub_onnx", "xgboost"])
+    parser.add_argument("--models", nargs="+", default=["mlp", "add_sub_onnx"], choices=["mlp", "add_sub", "add_sub_onnx", "xgboost"])
     parser.add_argument("--variants", nargs="+", default=list(matrix_models.VARIANTS), choices=matrix_models.VARIANTS)
     parser.add_argument("-c", "--clients", nargs="+", type=int, default=[8, 32])
     parser.add_argument("--requests", type=int, default=requests, help="measured per cell (after as many for warm-up)")

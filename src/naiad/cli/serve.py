@@ -27,11 +27,12 @@ from naiad.cli.startup_report import (
     model_table,
     table,
 )
+from naiad.config.collector import freeze_startup_heap
 from naiad.config.server_config import ServerConfig
 from naiad.core.facade import ServerAPI
 from naiad.core.server import Server
 from naiad.observability.log_settings import VERBATIM, LogSettings, install_root_handler
-from naiad.runtime.memory import freeze_startup_heap, keep_freed_buffers
+from naiad.runtime.memory import keep_freed_buffers
 
 log = logging.getLogger("naiad")
 T = TypeVar("T")

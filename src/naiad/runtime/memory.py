@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
-import gc
 import os
 
 
@@ -74,16 +73,3 @@ def parse_size(text: str) -> int:
         return int(value)
     except ValueError:
         raise ValueError(f"not a size: '{text}' (use e.g. 2GB, 512MiB or a byte count)") from None
-
-
-def freeze_startup_heap() -> None:
-    """Keep the objects alive at the end of start-up out of every later garbage collection.
-
-    A served process holds tens of thousands of long-lived objects after start-up (modules,
-    model configs, protobuf descriptors); every full (oldest-generation) collection walks them
-    all: 20-70 ms pauses of the event loop several times a second under load, which set the
-    HTTP p99. Collect once, then freeze what survives: later collections walk only the objects
-    created since. (What start-up left reachable stays alive in any case.)
-    """
-    gc.collect()
-    gc.freeze()

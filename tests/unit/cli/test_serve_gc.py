@@ -1,4 +1,5 @@
-"""The served process keeps its start-up heap out of later garbage collections (the HTTP p99)."""
+"""The served process keeps its start-up heap out of later garbage collections (the HTTP p99) and collects
+the young generation less often."""
 
 from __future__ import annotations
 
@@ -13,14 +14,18 @@ import pytest
 
 from naiad.cli import serve
 from naiad.cli.main import main
-from naiad.runtime.memory import freeze_startup_heap
+from naiad.config.collector import YOUNG_COLLECTION_THRESHOLD, freeze_startup_heap
 
 
 def test_freeze_startup_heap_takes_live_objects_out_of_collections() -> None:
     survivors = [[index] for index in range(1000)]
+    thresholds = gc.get_threshold()
     try:
         freeze_startup_heap()
         assert gc.get_freeze_count() >= len(survivors)
+        # young collections wait for more than a batch of waiting requests' objects (default: 700)
+        assert gc.get_threshold() == (YOUNG_COLLECTION_THRESHOLD, *thresholds[1:])
+        assert YOUNG_COLLECTION_THRESHOLD >= 10 * thresholds[0]
         later = [0]
         tracked = {id(obj) for obj in gc.get_objects()}
         assert id(survivors[0]) not in tracked and id(survivors) not in tracked  # frozen: never walked again
@@ -29,6 +34,7 @@ def test_freeze_startup_heap_takes_live_objects_out_of_collections() -> None:
         assert survivors[999] == [999]
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 def test_serve_freezes_the_heap_once_started_before_announcing_ready(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -10,7 +10,6 @@ core goes away, the worker exits.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -18,6 +17,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 
+from naiad.config.collector import freeze_startup_heap
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.http.listener import HttpListener, tls_options
 from naiad.frontends.workers import wire
@@ -74,11 +74,7 @@ async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: 
         stop_listening = await _start_http(config, core, listen_sock, index)
     else:
         stop_listening = await _start_grpc(config, core, listen_sock)
-    # Keep the start-up heap out of later collections, as `naiad serve` does in the core
-    # (runtime/memory.py, not imported here): a full collection walking it paused this loop for
-    # tens of milliseconds under load.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_heap()  # as `naiad serve` does in the core
     channel.send((wire.READY, os.getpid()))
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait({stopping, channel.closed}, return_when=asyncio.FIRST_COMPLETED)
