@@ -153,12 +153,15 @@ class H2GrpcServer:
             # What the handler waited on (the model's reply) is done: its next step runs here, so the
             # answer is written in this turn rather than after a task's first step a turn later; a
             # task is made only after a bare yield.
+            ended = True
             try:
                 stream.awaited = run_next_step(coro, context, lambda coro, ctx: self._resume(conn, stream, coro, ctx))
+                ended = stream.awaited is None and stream.task is None
             except asyncio.CancelledError:
                 pass  # cancelled outside run_call (while inflating): ended, as a cancelled task would be
-            if stream.awaited is None and stream.task is None:
-                conn.handlers -= 1  # it finished in this step
+            finally:
+                if ended:
+                    conn.handlers -= 1
             return
         stream.task = self.loop.create_task(coro, context=context)
         stream.task.add_done_callback(conn.handler_done)
