@@ -16,7 +16,8 @@ _CODE = {code: code.value[0] for code in grpc.StatusCode}
 
 
 class FrameWriter:
-    """Mixed into H2Connection: every outbound frame goes to `_out`, written once per event-loop turn.
+    """Mixed into H2Connection: every outbound frame goes to `_out`, written once per event-loop turn
+    (or at once, for the end of the connection's last call in flight).
 
     DATA respects the connection and stream windows (the excess waits in `stream.pending`);
     a call's trailers follow its last queued DATA.
