@@ -94,7 +94,8 @@ class InferenceService:
             if result.outputs is None:
                 raise internal(f"model '{model.name}' completed the request without a response")
             response = build_response(model, request, result.outputs, self._shm)
-            response.parameters = dict(result.parameters)
+            if result.parameters:  # else the response's own empty dict stands
+                response.parameters = dict(result.parameters)
             if key is not None and cache is not None:
                 insert_start = time.perf_counter_ns()
                 cache.put(key, result.outputs, result.parameters)
@@ -225,18 +226,15 @@ class InferenceService:
             residency.release(name)
 
     def _begin_request(self, model_name: str) -> None:
-        state = self._state
-        state.inflight += 1
-        if state.inflight == 1:  # only _end_request sets it, at zero
-            state.idle.clear()
+        self._state.inflight += 1
         self._models.residency.begin_use(model_name)
 
     def _end_request(self, model_name: str) -> None:
         self._models.residency.end_use(model_name)
         state = self._state
         state.inflight -= 1
-        if state.inflight == 0:
-            state.idle.set()
+        if not state.inflight and state.idle_waiters:
+            state.wake_idle_waiters()
 
 
 def _current(resolved: ResolvedModel | None, request: InferenceRequest) -> ModelVersion | None:

@@ -19,6 +19,7 @@ from naiad.observability.statistics import (
     DEFAULT_FIRST_RESPONSE_BUCKETS_MS,
     ModelStatistics,
 )
+from naiad.protocol.datatypes import numpy_dtype
 from naiad.runtime.thread_instance import InstancePool
 from naiad.scheduling.base import Scheduler
 from naiad.scheduling.direct import DirectScheduler
@@ -97,6 +98,11 @@ class ModelVersion:
             )
             for t in config.output
         }
+        # (name, spec, numpy dtype or None for BYTES) of every output: an output the model produced
+        # in exactly this dtype, without `reshape`, goes into the response as it is.
+        self.output_plan = tuple(
+            (t.name, t, None if t.datatype == "BYTES" else numpy_dtype(t.datatype)) for t in self.outputs.values()
+        )
         self.required_inputs = sum(1 for t in self.inputs.values() if not t.optional)
         # What model metadata reports and frontends decode against (-1 leads the shape of a batching model).
         batch = (-1,) if config.max_batch_size > 0 else ()

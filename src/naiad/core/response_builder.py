@@ -81,9 +81,13 @@ def build_response(
     batched = model.max_batch_size > 0
     outputs: list[OutputTensor] = []
     if not request.outputs:  # every output as produced: nothing to classify or write to shared memory
-        for name, spec in model.outputs.items():
+        for name, spec, dtype in model.output_plan:
             if name in arrays:  # as Triton: an output the model did not produce is left out of the response
-                array, datatype = _typed(arrays[name], spec, batched)
+                array = arrays[name]
+                if type(array) is np.ndarray and array.dtype is dtype and spec.reshape is None:
+                    datatype = spec.datatype  # what _typed gives for it, without the call
+                else:
+                    array, datatype = _typed(array, spec, batched)
                 outputs.append(OutputTensor(name, datatype, array.shape, array, {}))
         return InferenceResponse(model.name, model.version_str, outputs, id=request.id)
     for wanted in _requested(request, model):

@@ -93,7 +93,6 @@ class Server:
 
     async def startup(self) -> None:
         """Load models per the control mode. Raises if a model failed and exit_on_error is set."""
-        self.state.idle.set()
         try:
             await asyncio.get_running_loop().run_in_executor(None, self.models.catalog.check)
         except OSError as exc:
@@ -159,7 +158,7 @@ class Server:
         count, started = state.inflight, time.monotonic()
         log.info("draining %d request(s) (up to %g s)", count, timeout)
         try:
-            await asyncio.wait_for(state.idle.wait(), timeout)
+            await asyncio.wait_for(state.wait_idle(), timeout)
         except TimeoutError:
             log.warning("exit timeout (%g s) reached with %d of %d request(s) still in flight: they are cancelled",
                         timeout, state.inflight, count)

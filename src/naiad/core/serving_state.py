@@ -14,8 +14,24 @@ class ServingState:
         self.live = False  # startup finished, shutdown not finished
         self.exiting = False  # shutdown began: new requests are refused
         self.inflight = 0
-        self.idle = asyncio.Event()  # set while inflight == 0
+        # Futures of wait_idle() callers, resolved when inflight drops to 0 (request_done): nothing per
+        # request while nobody waits, where an Event was cleared and set around every lone request.
+        self.idle_waiters: list[asyncio.Future[None]] = []
 
     def check_serving(self) -> None:
         if self.exiting or not self.live:
             raise unavailable("Server not ready")
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight."""
+        while self.inflight:
+            waiter = asyncio.get_running_loop().create_future()
+            self.idle_waiters.append(waiter)
+            await waiter
+
+    def wake_idle_waiters(self) -> None:
+        """inflight dropped to 0: wake whoever waits in wait_idle()."""
+        waiters, self.idle_waiters = self.idle_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)

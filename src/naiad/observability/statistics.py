@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 
 from naiad.observability.summary import LatencySummaries
 
@@ -86,10 +87,15 @@ class ModelStatistics:
         """A request answered with its one response: record_first_response and a successful
         record_request together, under one hold of the lock."""
         ms = duration_ns / 1e6
+        success, queue = self._success, self._queue
         with self._lock:
-            self._count_first_response(ms)
-            self._success.add(duration_ns)
-            self._queue.add(queue_ns)
+            self.first_response_sum_ms += ms
+            self.first_response_counts[bisect_left(self.first_response_buckets_ms, ms)] += 1
+            # in place rather than through _Duration.add: two calls fewer per request
+            success.count += 1
+            success.ns += duration_ns
+            queue.count += 1
+            queue.ns += queue_ns
             self.last_inference_ms = int(time.time() * 1000)
         if self.summaries is not None:
             self.summaries.observe("request", duration_ns)
@@ -103,11 +109,8 @@ class ModelStatistics:
 
     def _count_first_response(self, ms: float) -> None:
         self.first_response_sum_ms += ms
-        for index, bound in enumerate(self.first_response_buckets_ms):
-            if ms <= bound:
-                self.first_response_counts[index] += 1
-                return
-        self.first_response_counts[-1] += 1
+        # the first bucket whose bound is >= ms; past the last bound, the +Inf bucket
+        self.first_response_counts[bisect_left(self.first_response_buckets_ms, ms)] += 1
 
     def first_response_histogram(self) -> tuple[list[tuple[float, int]], float, int]:
         """Cumulative (upper bound, count) pairs ending with +Inf, the sum in ms and the count."""

@@ -6,6 +6,8 @@ shape is refused instead of exhausting memory.
 
 from __future__ import annotations
 
+import array
+import math
 import struct
 from typing import Any
 
@@ -14,6 +16,7 @@ import orjson
 
 from naiad.protocol.datatypes import (
     BYTE_SIZES,
+    NUMPY_DTYPES,
     WIRE_DTYPES,
     is_valid_datatype,
     numpy_dtype,
@@ -27,10 +30,7 @@ _LEN = struct.Struct("<I")
 
 def element_count(shape: tuple[int, ...] | list[int]) -> int:
     """Product of dims as an exact Python int (no overflow for hostile shapes)."""
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return math.prod(shape)
 
 
 def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
@@ -169,6 +169,7 @@ def _flatten(data: list[Any], name: str) -> list[Any]:
     return flat
 
 
+_FLOAT_CODES = {"FP32": "f", "FP64": "d"}  # array module type codes of the float datatypes
 _KIND_OK = {
     "b": ("b",),
     "i": ("i", "u"),
@@ -213,14 +214,26 @@ def _regular_numbers(data: list[Any], datatype: str, shape: tuple[int, ...], nam
     Checking each element in Python first cost more than numpy's whole conversion."""
     if not data:
         return None
+    code = _FLOAT_CODES.get(datatype)
+    if code is not None and type(data[0]) is float:
+        # A flat list of JSON numbers, led by a float: the array module packs it in one pass,
+        # with numpy's values (each number as a double, then rounded to the type; past FP32's range,
+        # +-inf), where numpy would first build a float64 array. Anything else it refuses goes below.
+        try:
+            packed = array.array(code, data)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            if len(packed) == math.prod(shape):
+                return np.frombuffer(packed, NUMPY_DTYPES[datatype]).reshape(shape)
     try:
         parsed = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
         return None
-    dtype = numpy_dtype(datatype)
+    dtype = NUMPY_DTYPES[datatype]
     kind = parsed.dtype.kind
     # (numpy nests at most 64 levels, within MAX_JSON_DEPTH)
-    if kind not in _KIND_OK[dtype.kind] or parsed.size != element_count(shape):
+    if kind not in _KIND_OK[dtype.kind] or parsed.size != math.prod(shape):
         return None
     if kind in "iu" and dtype.kind in "iu":
         _check_range(int(parsed.min()), int(parsed.max()), datatype, dtype, name)

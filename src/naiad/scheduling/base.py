@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -16,7 +15,6 @@ from naiad.backends.base import (
     BackendResponse,
     ExecutionBatch,
     ExecutionOutcome,
-    ExecutionTiming,
     PoolInstance,
     RequestModelInstance,
     TensorInstance,
@@ -76,6 +74,11 @@ class WorkItem:
 
     def fail(self, error: NaiadError) -> None:
         self.deliver(BackendResponse(None, error=error, final=True))
+
+    def run_again(self) -> None:
+        """BackendRequest.reschedule of this item: queue it again (a bound method: cheaper than a partial)."""
+        assert self.reschedule is not None
+        self.reschedule(self)
 
     def abandon(self) -> None:
         """Its caller stopped waiting (cancelled): the backend sees is_cancelled() and its responses are dropped."""
@@ -164,49 +167,90 @@ async def _execute_requests(instance: RequestModelInstance, items: list[WorkItem
     for item in items:
         item.dispatch_ns = start
         request = item.request
-        reschedule = functools.partial(item.reschedule, item) if item.reschedule is not None else None
+        reschedule = item.run_again if item.reschedule is not None else None
         if request is None:
             requests.append(BackendRequest(item.inputs, item.output_names, is_cancelled=item.future.cancelled, reschedule=reschedule))
             continue
+        parameters = request.parameters
+        # positional, in BackendRequest's field order: a dataclass __init__ parses keywords slower
         requests.append(
             BackendRequest(
-                inputs=item.inputs,
-                requested_outputs=item.output_names,
-                request_id=request.id,
-                correlation_id=request.sequence_id,
-                flags=(1 if request.sequence_start else 0) | (2 if request.sequence_end else 0),
-                parameters=dict(request.parameters),
-                timeout_us=request.timeout_us,
-                model_name=request.model_name,
-                is_cancelled=item.future.cancelled,
-                reschedule=reschedule,
+                item.inputs, item.output_names, request.id, request.sequence_id,
+                (1 if request.sequence_start else 0) | (2 if request.sequence_end else 0),
+                dict(parameters) if parameters else {}, request.timeout_us, request.model_name, 0,
+                item.future.cancelled, reschedule,
             )
         )
 
-    def respond(index: int, response: BackendResponse) -> None:
-        items[index].deliver(response)
-
+    rows = items[0].batch_size if len(items) == 1 else sum(it.batch_size for it in items)
+    execution = _RequestExecution(items, stats, rows if batching else len(items), start)
     outcome: ExecutionOutcome = None
     try:
-        outcome = await instance.execute_requests(requests, respond)
+        outcome = await instance.execute_requests(requests, execution.respond)
+    except asyncio.CancelledError:
+        execution.counted = True  # the caller was cancelled: run_batch counts what still runs
+        raise
     except Exception as exc:  # the whole batch failed before answering
         error = _as_error(exc)
         for item in items:
             item.fail(error)
-    rows = items[0].batch_size if len(items) == 1 else sum(it.batch_size for it in items)
     end = time.perf_counter_ns()
     for it in items:
         if it.dispatch_ns == start:  # no response timed by the backend (yet)
             it.input_end_ns, it.output_start_ns, it.compute_end_ns = start, end, end
-
-    def count(timing: ExecutionTiming | None) -> None:
-        began, ended = timing or (start, time.perf_counter_ns())
-        stats.record_execution(rows if batching else len(items), len(items), 0, ended - began, 0)
-
     if isinstance(outcome, asyncio.Future):  # handed over, still running: counted once it ended
-        outcome.add_done_callback(lambda done: count(None if done.cancelled() else done.result()))
-    else:
-        count(outcome or (start, end))
+        execution.handed_over(outcome)
+    elif not execution.counted:
+        execution.count(outcome or (start, end))
+
+
+class _RequestExecution:
+    """One execution of whole requests: routes their responses and counts it in the statistics, once.
+
+    A backend that times its executions (a Python worker) answers each request with the execution's
+    (start, end) once it has ended: when the last request is answered so, the execution is counted
+    right there. Otherwise (streamed responses, rescheduled requests, a lost worker) it is counted
+    when execute_requests returns, or when the future it handed over ends.
+    """
+
+    __slots__ = ("items", "stats", "size", "start", "unanswered", "counted", "outcome")
+
+    def __init__(self, items: list[WorkItem], stats: ModelStatistics, size: int, start: int) -> None:
+        self.items = items
+        self.stats = stats
+        self.size = size
+        self.start = start
+        self.unanswered = len(items)  # requests not yet answered with the execution's timing
+        self.counted = False
+        self.outcome: asyncio.Future[Any] | None = None
+
+    def respond(self, index: int, response: BackendResponse) -> None:
+        self.items[index].deliver(response)
+        if response.execution_ns is not None and response.final:
+            self.unanswered -= 1
+            if not self.unanswered and not self.counted:  # the execution has ended: no callback needed
+                self.count(response.execution_ns)
+                if self.outcome is not None:
+                    self.outcome.remove_done_callback(self._ended)
+
+    def handed_over(self, outcome: asyncio.Future[Any]) -> None:
+        if self.counted:
+            return
+        if outcome.done():
+            self._ended(outcome)
+            return
+        self.outcome = outcome
+        outcome.add_done_callback(self._ended)
+
+    def _ended(self, outcome: asyncio.Future[Any]) -> None:
+        if not self.counted:
+            timing = None if outcome.cancelled() else outcome.result()
+            self.count(timing or (self.start, time.perf_counter_ns()))
+
+    def count(self, timing: tuple[int, int]) -> None:
+        self.counted = True
+        began, ended = timing
+        self.stats.record_execution(self.size, len(self.items), 0, ended - began, 0)
 
 
 async def _execute_tensor_batch(instance: TensorInstance, items: list[WorkItem], batching: bool, stats: ModelStatistics,

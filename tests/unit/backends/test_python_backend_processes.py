@@ -240,3 +240,67 @@ def test_pipeline_depth_fits_about_a_millisecond_of_work_between_two_and_eight()
     assert pipeline_depth(0) == 8 and pipeline_depth(30_000) == 8  # add_sub-sized executes
     assert pipeline_depth(200_000) == 5
     assert pipeline_depth(500_000) == 2 and pipeline_depth(20_000_000) == 2  # long ones: one running, one queued
+
+
+IDENTITY_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+IDENTITY_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+                for r in requests]
+"""
+
+
+def test_a_batch_that_cannot_be_sent_leaves_nothing_behind(tmp_path, prefix, monkeypatch):
+    """Encoding the batch message fails: the request gets the error, the batch is forgotten and its
+    shared-memory block goes back to the pool; the next request runs as usual."""
+    from naiad.runtime.process import session as session_module
+
+    write_model(tmp_path, "identity", IDENTITY_CONFIG, IDENTITY_PY)
+    encode = session_module.encode
+
+    def failing_encode(message):
+        if message[0] == "x":
+            raise ValueError("cannot encode this batch")
+        return encode(message)
+
+    big = {"X": np.arange(8192, dtype=np.float32)}  # 32 KiB: travels in a shared-memory block, not inline
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        session = server.models.lookup("identity").pool.instances[0]._serving
+        monkeypatch.setattr(session_module, "encode", failing_encode)
+        with pytest.raises(NaiadError, match="cannot encode this batch"):
+            asyncio.run_coroutine_threadsafe(_infer_async(server, "identity", big), server._loop).result(30)
+        assert session._batches == {} and session.pool.in_use() == 0
+        monkeypatch.setattr(session_module, "encode", encode)
+        response = asyncio.run_coroutine_threadsafe(_infer_async(server, "identity", big), server._loop).result(30)
+        assert np.array_equal(response.output("Y").data, big["X"])
+        assert session._batches == {} and session.pool.in_use() == 0
+    assert _shm_names(prefix) == []
+
+
+def test_a_lone_worker_holds_at_most_its_pipeline_depth_and_the_rest_is_pending(tmp_path, prefix):
+    """Long executions (depth 2): of three requests, the worker holds two (one running, one queued) and
+    the third waits in the server, counted as pending like the queued one; all three are answered."""
+    model_dir = write_model(tmp_path, "pids", PID_CONFIG % 1, PID_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        model = server.models.lookup("pids")
+        instance = model.pool.instances[0]
+        worker = instance.pid
+        first = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(1.0)), server._loop)
+        wait_until(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
+        instance._depth = 2  # what a model with executions this long settles on
+        later = [asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(0)), server._loop)
+                 for _ in range(2)]
+        wait_until(lambda: model.scheduler.pending() == 2)
+        assert len(instance._serving._batches) == 2  # the third request never reached the worker yet
+        assert all(int(f.result(30).output("PID").data[0]) == worker for f in [first, *later])
+        assert model.scheduler.pending() == 0 and len(instance._serving._batches) == 0

@@ -199,6 +199,12 @@ def test_encode_json_response():
     assert "id" not in orjson.loads(encode_infer_response(_response(out), OutputPlan())[0])
 
 
+def test_encode_json_response_of_big_endian_strided_data_and_a_list_shape():
+    swapped = OutputTensor("W", "INT32", [np.int64(3)], np.array([7, 8, 9, 10, 11, 12], dtype=">i4")[::2])
+    doc = orjson.loads(encode_infer_response(_response(swapped), OutputPlan())[0])
+    assert doc["outputs"][0] == {"name": "W", "datatype": "INT32", "shape": [3], "data": [7, 9, 11]}
+
+
 def test_encode_binary_response_order_and_empty_outputs():
     first = OutputTensor("A", "INT32", (2,), np.array([1, 2], dtype=np.int32))
     empty = OutputTensor("E", "FP32", (0, 3), np.zeros((0, 3), dtype=np.float32))

@@ -79,6 +79,26 @@ async def app(scope, receive, send) -> None:
         value = urllib.parse.unquote_to_bytes(scope["query_string"])
         await send({"type": "http.response.start", "status": 200, "headers": [(b"x-echo", value), (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
+    elif path in ("/whole", "/parts"):  # one answer, through the naiad.send_response extension or ASGI messages
+        body = b"ok" + await _read_all(receive)
+        if path == "/parts" or not scope["extensions"]["naiad.send_response"](send, 200, b"content-type: text/plain\r\n", body):
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain"), (b"content-length", b"%d" % len(body))]})
+            await send({"type": "http.response.body", "body": body})
+    elif path == "/take":  # the body through naiad.take_body when it is at hand, else receive()
+        body = scope["extensions"]["naiad.take_body"](receive)
+        how = b"took " if body is not None else b"received "
+        if body is None:
+            body = await _read_all(receive)
+        else:  # taken once: receive() now only says when the client leaves
+            assert scope["extensions"]["naiad.take_body"](receive) is None
+            later = asyncio.ensure_future(receive())
+            await asyncio.sleep(0.01)
+            assert not later.done()
+            later.cancel()
+        answer = how + body
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+        await send({"type": "http.response.body", "body": answer})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -146,6 +166,57 @@ def test_head_and_body_leave_in_one_segment_and_keep_alive_holds(port):
             assert first.startswith(b"HTTP/1.1 200 ") and first.endswith(b"ok" + payload)
 
 
+def test_a_whole_answer_is_the_answer_its_asgi_messages_give(port):
+    """The naiad.send_response extension writes what http.response.start and .body would: the same
+    head and body, the connection kept alive, or closed after it when the request asks."""
+    request = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"
+    closing = b"POST /whole HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\nhi"
+    received = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request % b"/parts" + request % b"/whole" + request % b"/parts" + closing)
+        while piece := conn.recv(65536):  # ends when the server closes (a timeout fails the test)
+            received += piece
+    heads = received.split(b"okhi")
+    assert len(heads) == 5 and heads[4] == b""
+    assert heads[0].startswith(b"HTTP/1.1 200 OK\r\n") and b"content-length: 4\r\n" in heads[0]
+    assert heads[0] == heads[1] == heads[2]
+    assert heads[3] == heads[0].replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")
+
+
+def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
+    """While the transport's buffer is full, naiad.send_response writes nothing and says so: the
+    ASGI send then waits for the transport."""
+    from naiad.frontends.http.connection import send_response, take_body
+
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        transport = type("Transport", (), {
+            "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
+            "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
+        })()
+        config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
+        state = type("State", (), {"connections": set(), "tasks": set(), "default_headers": [], "total_requests": 0})()
+        conn = HttpConnection(config, state, {}, loop)
+        conn.connection_made(transport)
+        exchange = Exchange(conn, {"method": "POST", "http_version": "1.1"}, keep_alive=True, expect_continue=False)
+        conn.pause_writing()
+        assert send_response(exchange.send, 200, b"", b"x") is False
+        assert written == [] and not exchange.started
+        conn.resume_writing()
+        assert send_response(exchange.send, 200, b"", b"x") is True
+        assert written == [b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nx"] and exchange.complete
+        assert send_response(exchange.send, 200, b"", b"y") is False  # one answer per request
+
+        async def wrapped_send(message):  # a middleware's send: the extension leaves it to ASGI messages
+            await exchange.send(message)
+
+        assert send_response(wrapped_send, 200, b"", b"z") is False and take_body(wrapped_send) is None
+        conn.connection_lost(None)
+    finally:
+        loop.close()
+
+
 def test_streamed_response_is_chunked_on_http11(port):
     answer = _exchange(port, b"GET /stream HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     head, _, body = answer.partition(b"\r\n\r\n")
@@ -182,6 +253,22 @@ def test_expect_100_continue(port):
         while chunk := conn.recv(65536):
             data += chunk
     assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"okxyz")
+
+
+def test_a_body_at_hand_is_taken_without_receive_and_a_later_one_is_received(port):
+    request = b"POST /take HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request + b"\r\nxyz")
+        assert conn.recv(65536).endswith(b"\r\n\r\ntook xyz")
+        before = len(CALLS)
+        conn.sendall(request + b"\r\n")  # the body comes after the app started
+        _wait_for_call(before, "/take")
+        conn.sendall(b"abc")
+        assert conn.recv(65536).endswith(b"\r\n\r\nreceived abc")
+        conn.sendall(request + b"Expect: 100-continue\r\n\r\n")  # the client waits for 100 Continue
+        assert conn.recv(65536) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        conn.sendall(b"def")
+        assert conn.recv(65536).endswith(b"\r\n\r\nreceived def")
 
 
 def test_app_errors_answer_500_and_close(port):

@@ -10,6 +10,7 @@ from tritonclient.grpc import service_pb2 as pb
 from naiad.config.server_config import ServerConfig
 from naiad.core.server import Server
 from naiad.frontends.grpc.guard import GuardInterceptor
+from naiad.frontends.http.guard import NAME_VERDICT_PATH_BYTES, NAME_VERDICTS_KEPT, HttpGuard
 from naiad.frontends.http.listener import tls_options
 from naiad.frontends.http.routes import build_router
 from naiad.frontends.security import (
@@ -170,6 +171,23 @@ def test_ordinary_model_names(name):
 ])
 def test_model_name_is_read_from_the_raw_path(raw, name):
     assert http_model_name(raw) == name
+
+
+def test_the_http_guard_gives_the_same_model_name_verdict_every_time():
+    """Verdicts are remembered per raw path (a bounded number of short paths): asked again, or after
+    the memory was emptied, or for a path too long to remember, the answer is the same."""
+    guard = HttpGuard([])
+    bad = {"path": "/v2/models/a/b/infer", "raw_path": b"/v2/models/a%2Fb/infer", "headers": []}
+    good = {"path": "/v2/models/m/infer", "raw_path": b"/v2/models/m/infer", "headers": []}
+    long_bad = {"path": "", "raw_path": b"/v2/models/" + b"x" * NAME_VERDICT_PATH_BYTES + b"%2F/infer", "headers": []}
+    for _ in range(2):
+        assert guard.refusal(bad) == (400, "invalid model name 'a/b': a model name cannot contain '/'")
+        assert guard.refusal(good) is None
+        assert guard.refusal(long_bad)[0] == 400
+    for index in range(NAME_VERDICTS_KEPT + 5):
+        assert guard.refusal({"path": "", "raw_path": b"/v2/models/m%d/ready" % index, "headers": []}) is None
+    assert len(guard._name_verdicts) <= NAME_VERDICTS_KEPT
+    assert guard.refusal(bad)[0] == 400 and guard.refusal(good) is None
 
 
 def test_metadata_lookup_is_case_insensitive_and_decodes_bytes():

@@ -5,6 +5,8 @@ import warnings
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tritonclient.utils import serialize_byte_tensor
 
 from naiad.protocol.errors import ErrorCode, NaiadError
@@ -130,6 +132,10 @@ def test_non_finite_floats_are_written_as_triton_writes_them(values, text, dtype
     ("FP32", (2,), [1.0, "2"], "not valid FP32"),
     ("FP32", (2,), [1.0, None], "not valid FP32"),
     ("FP32", (2,), [True, False], "not valid FP32"),
+    ("FP32", (3,), [1.5, True, 2], np.array([1.5, 1, 2], np.float32)),
+    ("FP32", (3,), [1.5, 2.5], "Shape does not match"),
+    ("FP32", (2,), [1.5, 2**2000], "out of range for FP32"),
+    ("FP64", (2,), [1.5, "2"], "not valid FP64"),
     ("INT8", (2, 1), [[1], [300]], "out of range"),
     ("INT32", (2,), [1, 2.5], "not valid INT32"),
     ("UINT8", (2,), [[1, -1]], "out of range"),
@@ -146,3 +152,23 @@ def test_json_regular_data_in_one_step_and_the_rest_element_by_element_agree(dat
         got = array_from_json(datatype, shape, data, "x")
     assert got.dtype == expected.dtype and got.shape == expected.shape
     assert np.array_equal(got, expected)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    first=st.floats(),
+    rest=st.lists(st.one_of(st.floats(), st.integers(-(2**70), 2**70), st.booleans()), max_size=40),
+    datatype=st.sampled_from(["FP32", "FP64"]),
+)
+def test_a_flat_list_led_by_a_float_decodes_to_numpys_values(first, rest, datatype):
+    """Such a list is packed without numpy's float64 array: the same bits (rounded from the double,
+    +-inf past FP32's range, NaN kept), the same dtype, and no warning."""
+    data = [first, *rest]
+    with np.errstate(over="ignore"):
+        expected = np.asarray(data, dtype=np.float64).astype(np.float32 if datatype == "FP32" else np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = array_from_json(datatype, (1, len(data)), data, "x")
+    assert got.dtype == expected.dtype and got.shape == (1, len(data))
+    assert got.tobytes() == expected.tobytes()
+    got[0, 0] = 0  # a writable array of its own, as numpy's conversion gives

@@ -58,6 +58,22 @@ def body_timeout(scope: dict[str, Any], configured: float) -> float | None:
     return None if "naiad.body_deadline" in scope.get("extensions", ()) else configured
 
 
+def body_at_hand(scope: dict[str, Any], receive: Receive, headers: RequestHeaders, limit: int) -> bytes | None:
+    """The whole request body without waiting, when the server already holds all of it (scope
+    extension `naiad.take_body`, connection.take_body), refused past `limit` bytes as read_body
+    refuses it. None when it is not at hand: read_body."""
+    take = scope["extensions"].get("naiad.take_body") if "extensions" in scope else None
+    if take is None:
+        return None
+    declared = headers.declared_length()
+    if declared is not None and declared > limit:
+        raise body_too_large(declared, limit)
+    body = take(receive)
+    if body is not None and len(body) > limit:
+        raise body_too_large(None, limit)
+    return body
+
+
 async def read_body(receive: Receive, headers: RequestHeaders, limit: int, timeout: float | None) -> bytes:
     """The whole request body, refused (400, connection closed) past `limit` bytes or `timeout` seconds
     (None: the server enforces the body deadline itself)."""

@@ -18,7 +18,9 @@ protocol is built for the inference path instead:
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
-request's work is cancelled).
+request's work is cancelled). Two more spare the inference path its ASGI messages:
+`naiad.take_body` hands over a body that has wholly arrived without a receive() (take_body), and
+`naiad.send_response` writes a whole answer in one call (send_response).
 The app's first step runs at once, once the request's bytes at hand are parsed (as an eager task
 would): a request that never waits needs no task, and an infer request reaches the scheduler in
 the same event-loop turn; a request that waits gets its task when what it waits for is done.
@@ -123,7 +125,10 @@ class Exchange:
         self.disconnect_hook = _DisconnectHook()
         self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
         self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
-        scope["extensions"] = {"naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook}
+        scope["extensions"] = {
+            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook,
+            "naiad.take_body": take_body, "naiad.send_response": send_response,
+        }
 
     # ------------------------------------------------------------ request side (parser -> app)
 
@@ -188,6 +193,12 @@ class Exchange:
         self.conn.resume_reading()
         return {"type": "http.request", "body": body, "more_body": self.more_body}
 
+    def take_whole_body(self) -> bytes | None:
+        """See take_body."""
+        if self.more_body or self.body_taken or self.expect_continue or self.disconnected or self.complete:
+            return None
+        return self._take_body()["body"]
+
     # ------------------------------------------------------------ response side (app -> socket)
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -227,12 +238,42 @@ class Exchange:
             self._wake()
             conn.response_complete(self)
 
+    def write_response(self, status: int, fields: bytes, body: bytes) -> bool:
+        """See send_response."""
+        conn = self.conn
+        default_head = conn.default_head
+        if self.started or conn.write_paused is not None or default_head is None:
+            return False
+        if self.disconnected:
+            return True  # as send() does: nothing goes to a client that left
+        self.started = True
+        self.expect_continue = False
+        if conn.shutting_down:
+            self.keep_alive = False
+        head = b"".join((
+            STATUS_LINES.get(status) or _status_line(status), default_head, fields,
+            b"content-length: %d\r\n" % len(body), b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
+        ))
+        if self.head_only:
+            body = b""
+        if len(body) > SMALL_WRITE:
+            conn.transport.writelines((head, body))
+        else:
+            conn.transport.write(head + body)
+        self.complete = True
+        self._wake()
+        conn.response_complete(self)
+        return True
+
     def _start(self, status: int, headers: Any) -> None:
         self.started = True
         self.expect_continue = False
         parts = [STATUS_LINES.get(status) or _status_line(status)]
         length: int | None = None
-        for name, value in (*self.conn.default_headers, *headers):
+        default_head = self.conn.default_head
+        if default_head is not None:
+            parts.append(default_head)
+        for name, value in (*self.conn.default_headers, *headers) if default_head is None else headers:
             if CR in value or LF in value or CR in name or LF in name:
                 raise RuntimeError("invalid HTTP header")
             lowered = name.lower()
@@ -294,6 +335,26 @@ class Exchange:
         self.conn.response_complete(self)
 
 
+def take_body(receive: Any) -> bytes | None:
+    """The scope extension `naiad.take_body`: the request's whole body, when all of it has arrived
+    and none of it was received yet, as the one http.request message receive() would return (later
+    receives wait for the disconnect). None otherwise: receive() it. `receive` is the request's ASGI
+    receive (a plain function, as send_response is); any other receive (a middleware's) gets None."""
+    exchange = getattr(receive, "__self__", None)
+    return exchange.take_whole_body() if type(exchange) is Exchange else None
+
+
+def send_response(send: Any, status: int, fields: bytes, body: bytes) -> bool:
+    """The scope extension `naiad.send_response`: write a whole answer now, in place of the two ASGI
+    messages. `send` is the request's ASGI send; `fields` are header lines (each `name: value` and
+    CRLF) of safe values, without Content-Length or Connection (added here). False when it cannot go
+    at once (writing is paused, or a response was started): send the ASGI messages instead.
+    (A plain function, not the exchange's bound method, so the scope holds no cycle back to it.)
+    Any other send (a middleware's) gets False."""
+    exchange = getattr(send, "__self__", None)
+    return exchange.write_response(status, fields, body) if type(exchange) is Exchange else False
+
+
 class HttpConnection(asyncio.Protocol):
     """One client connection: parses requests, runs one exchange at a time (pipelined ones wait), writes answers."""
 
@@ -314,8 +375,10 @@ class HttpConnection(asyncio.Protocol):
         self.loop = _loop or asyncio.get_event_loop()
         self.keep_alive_timeout = float(config.timeout_keep_alive)
         self.root_path = config.root_path
+        self.raw_root_path = self.root_path.encode("ascii")
         self.server_state = server_state
         self.default_headers: list[tuple[bytes, bytes]] = server_state.default_headers
+        self.default_head = _default_head(self.default_headers)
         self.parser = httptools.HttpRequestParser(self)
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.server: tuple[str, int] | None = None
@@ -410,11 +473,6 @@ class HttpConnection(asyncio.Protocol):
     def _headers_too_large(self) -> str:
         return f"request headers exceed the maximum of {self.max_header_bytes} bytes"
 
-    def _count_field(self, size: int) -> None:
-        self._field_bytes += size
-        if self._field_bytes > self.max_header_bytes:
-            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
-
     def pause_writing(self) -> None:
         if self.write_paused is None:
             self.write_paused = self.loop.create_future()
@@ -441,10 +499,14 @@ class HttpConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._count_field(len(url))
+        self._field_bytes += len(url)
+        if self._field_bytes > self.max_header_bytes:
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_field(len(name) + len(value) + HEADER_LINE_OVERHEAD)
+        self._field_bytes += len(name) + len(value) + HEADER_LINE_OVERHEAD
+        if self._field_bytes > self.max_header_bytes:
+            raise _Refused(431, self._headers_too_large())  # stops the parser before the request starts
         name = name.lower()
         if name == b"transfer-encoding" and value.lower().replace(b" ", b"").replace(b"\t", b"") != b"chunked":
             # chunked is the only transfer coding understood: another one would be read as if absent
@@ -477,7 +539,7 @@ class HttpConnection(asyncio.Protocol):
             "method": parser.get_method().decode("ascii"),
             "root_path": self.root_path,
             "path": self.root_path + path,
-            "raw_path": self.root_path.encode("ascii") + raw_path,
+            "raw_path": self.raw_root_path + raw_path if self.raw_root_path else raw_path,
             "query_string": query,
             "headers": self._headers,
             "state": {},
@@ -687,6 +749,17 @@ class HttpConnection(asyncio.Protocol):
                 self.close()  # idle keep-alive connection, or one that never sent a request
             else:
                 self._arm_watchdog(self._idle_deadline)
+
+
+def _default_head(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The server's default headers as response head lines, written as they are into every answer;
+    None when one needs Exchange._start's checks (a CR or LF, Content-Length, Connection)."""
+    lines = []
+    for name, value in headers:
+        if CR in value or LF in value or CR in name or LF in name or name.lower() in (b"content-length", b"connection"):
+            return None
+        lines.append(b"%s: %s\r\n" % (name, value))
+    return b"".join(lines)
 
 
 def _address(value: Any) -> tuple[str, int] | None:

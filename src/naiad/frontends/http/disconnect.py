@@ -26,7 +26,8 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str
     taken WATCH_AFTER_S, waits on it and cancels this task.
     """
     gone = False
-    hook = scope.get("extensions", {}).get("naiad.on_disconnect") if scope is not None else None
+    extensions = scope.get("extensions") if scope is not None else None
+    hook = extensions.get("naiad.on_disconnect") if extensions else None
     if hook is not None:
         def lost() -> None:
             nonlocal gone

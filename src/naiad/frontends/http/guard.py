@@ -25,11 +25,17 @@ def header_value(scope: dict[str, Any], key: str) -> str | None:
     return None
 
 
+NAME_VERDICTS_KEPT = 1024  # raw paths whose model-name verdict is remembered (then forgotten all at once)
+NAME_VERDICT_PATH_BYTES = 256  # longer paths are judged each time (the memory stays bounded)
+
+
 class HttpGuard:
     """`--http-restricted-api` groups and the model-name rule, applied in front of the router."""
 
     def __init__(self, restricted_api: list[str]) -> None:
         self.restrictions: dict[str, Restriction] = parse_restrictions(restricted_api, "http-restricted-api")
+        # The model-name verdict of a raw path, which the same few paths ask for on every request.
+        self._name_verdicts: dict[bytes, tuple[int, str] | None] = {}
 
     def refusal(self, scope: dict[str, Any], group: str | None = None) -> tuple[int, str] | None:
         """(status, message) when the request must be refused, else None.
@@ -42,13 +48,17 @@ class HttpGuard:
             if restriction is not None and not restriction.allows(header_value(scope, restriction.key)):
                 return 403, http_restriction_message(restriction.key)
         raw = scope.get("raw_path") or path.encode("utf-8", "replace")
-        name = http_model_name(raw)
-        if name is not None:
-            problem = model_name_problem(name)
-            if problem is not None:
-                shown = name.replace("\x00", "\\0")
-                return 400, f"invalid model name '{shown}': {problem}"
-        return None
+        verdicts = self._name_verdicts
+        try:
+            return verdicts[raw]
+        except KeyError:
+            pass
+        verdict = _name_verdict(raw)
+        if len(raw) <= NAME_VERDICT_PATH_BYTES:
+            if len(verdicts) >= NAME_VERDICTS_KEPT:
+                verdicts.clear()
+            verdicts[raw] = verdict
+        return verdict
 
     async def refuse(self, scope: dict[str, Any], send: Send, group: str | None = None) -> bool:
         """Answer the refusal (if any) and say whether the request was refused."""
@@ -58,3 +68,14 @@ class HttpGuard:
         close = RequestHeaders.from_scope(scope).may_have_body()  # the body stays unread
         await send_error(send, refusal[0], refusal[1], close=close)
         return True
+
+
+def _name_verdict(raw_path: bytes) -> tuple[int, str] | None:
+    """400 and why, when the path names a model by a name that could escape a repository directory."""
+    name = http_model_name(raw_path)
+    if name is not None:
+        problem = model_name_problem(name)
+        if problem is not None:
+            shown = name.replace("\x00", "\\0")
+            return 400, f"invalid model name '{shown}': {problem}"
+    return None

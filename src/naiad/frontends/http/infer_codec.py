@@ -18,6 +18,7 @@ from naiad.frontends.http.infer_params import (
     remaining_parameters,
     shared_memory_ref,
 )
+from naiad.protocol.datatypes import NUMPY_DTYPES
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import (
@@ -40,6 +41,7 @@ from naiad.protocol.types import (
 _INPUT_CONSUMED = ("binary_data_size", *SHM_KEYS)
 _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
 _EMPTY = memoryview(b"")
+_NOT_NUMPY_JSON = ("BYTES", "FP16", "BF16")  # written element by element (array_to_json), or refused
 
 
 @dataclass(slots=True)
@@ -71,23 +73,25 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: i
     length. A raw binary body (length 0) is shaped by the model: raw_request.decode_raw_request."""
     if header_length == 0:
         raise ValueError("a raw binary body is decoded against its resolved model (decode_raw_request)")
-    view = memoryview(body)
     if header_length is None:
         doc = load_request_json(body)
         binary = _EMPTY
     else:
+        view = memoryview(body)
         doc = load_request_json(view[:header_length])
         binary = view[header_length:]
     if not isinstance(doc, dict):
         raise invalid_arg("failed to parse the request JSON buffer: expected a JSON object")
-    request = InferenceRequest(model_name=model, inputs=[], model_version=version)
     raw_id = doc.get("id", "")
     if not isinstance(raw_id, str):
         raise invalid_arg("Unable to parse 'id'")
-    request.id = raw_id
-    plan = OutputPlan(default_binary=apply_request_parameters(doc.get("parameters"), request))
+    request = InferenceRequest(model, [], version, raw_id)
+    params = doc.get("parameters")
+    plan = OutputPlan(apply_request_parameters(params, request) if params is not None else False)
     _decode_inputs(request, doc.get("inputs"), binary, header_length is not None)
-    _decode_outputs(request, plan, doc.get("outputs"))
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        _decode_outputs(request, plan, outputs)
     return request, plan
 
 
@@ -96,6 +100,7 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
         raise invalid_arg("Unable to parse 'inputs'")
     offset = 0
     available = len(binary)
+    inputs = request.inputs
     for raw in raw_inputs:
         if not isinstance(raw, dict):
             raise invalid_arg("Unable to parse 'inputs'")
@@ -105,9 +110,14 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
         datatype = raw.get("datatype")
         if not isinstance(datatype, str):
             raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
-        check_datatype(datatype, name)
+        if datatype not in NUMPY_DTYPES:
+            check_datatype(datatype, name)  # raises
         shape = parse_shape(raw.get("shape"), name)
-        params = as_object(raw.get("parameters"), "parameters")
+        params = raw.get("parameters")
+        if params is None and "data" in raw:  # the usual JSON input: its data and nothing else
+            inputs.append(InferInput(name, datatype, shape, array_from_json(datatype, shape, raw["data"], name)))
+            continue
+        params = as_object(params, "parameters")
         has_binary = "binary_data_size" in params
         has_shm = "shared_memory_region" in params
         check_input_source(name, "data" in raw, has_binary, has_shm)
@@ -131,9 +141,7 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
             array, ref = None, shared_memory_ref(params)  # the core reads the region
         else:
             array = array_from_json(datatype, shape, raw["data"], name)
-        request.inputs.append(
-            InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED), ref)
-        )
+        inputs.append(InferInput(name, datatype, shape, array, remaining_parameters(params, _INPUT_CONSUMED), ref))
     if offset != available:
         raise invalid_arg(f"unexpected additional input data for model '{request.model_name}'")
 
@@ -168,13 +176,11 @@ def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: An
 def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
     """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings. orjson writes
     NaN and +-inf as null; with spell_non_finite they are written as Triton writes them instead."""
-    if datatype == "BYTES" or array.dtype.kind not in "biuf" or datatype in ("FP16", "BF16"):
+    if array.dtype.kind not in "biuf" or datatype in _NOT_NUMPY_JSON:
         return array_to_json(array, datatype)
-    flat = array.reshape(-1)
+    flat = array.ravel()  # C order, contiguous (a copy only when the array is not)
     if not flat.dtype.isnative:
         flat = flat.astype(flat.dtype.newbyteorder("="))
-    if not flat.flags.c_contiguous:
-        flat = np.ascontiguousarray(flat)
     if spell_non_finite and has_non_finite(flat):
         return non_finite_json_array(flat)
     return flat
@@ -195,13 +201,18 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
 def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: bool) -> tuple[bytes, list[bytes | memoryview]]:
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes | memoryview] = []
+    binary, default_binary = plan.binary, plan.default_binary
     for out in response.outputs:
-        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": [int(d) for d in out.shape]}
+        shape = out.shape
+        entry: dict[str, Any] = {
+            "name": out.name, "datatype": out.datatype,
+            "shape": shape if type(shape) is tuple else [int(d) for d in shape],  # (array shapes are tuples of ints)
+        }
         params = out.parameters
         if out.data is None:
             if params:
                 entry["parameters"] = params
-        elif plan.is_binary(out.name):
+        elif binary.get(out.name, default_binary) if binary else default_binary:
             raw = array_to_raw(out.data, out.datatype)
             merged = dict(params) if params else {}
             merged["binary_data_size"] = len(raw)
@@ -213,9 +224,7 @@ def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: boo
                 entry["parameters"] = params
             entry["data"] = _json_data(out.data, out.datatype, spell_non_finite)
         outputs.append(entry)
-    doc: dict[str, Any] = {}
-    if response.id:
-        doc["id"] = response.id
+    doc: dict[str, Any] = {"id": response.id} if response.id else {}
     doc["model_name"] = response.model_name
     doc["model_version"] = str(response.model_version)
     if response.parameters:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from naiad.frontends.http.body import (
     Receive,
     RequestHeaders,
+    body_at_hand,
     body_timeout,
     decompress_body,
     read_body,
@@ -27,7 +28,7 @@ from naiad.frontends.http.infer_codec import (
 from naiad.frontends.http.raw_request import decode_raw_request
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import HeaderForwarder
-from naiad.observability.trace_context import incoming_traceparent
+from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 from naiad.protocol.types import InferenceRequest
 
@@ -63,7 +64,10 @@ async def infer_decoded(
     if forward_headers is not None:
         forward_headers.apply(scope["headers"], request.parameters)
     try:
-        with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
+        if propagating():
+            with incoming_traceparent(scope["headers"]):  # W3C trace context, for OpenTelemetry mode
+                response = await inference.infer(request, resolved)
+        else:
             response = await inference.infer(request, resolved)
     except DecoupledModelError:
         raise unsupported(DECOUPLED_MESSAGE) from None
@@ -83,7 +87,9 @@ class InferHandler:
         server = self.server
         limit = server.config.http_max_input_size
         try:
-            body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
+            body = body_at_hand(scope, receive, headers, limit)
+            if body is None:
+                body = await read_body(receive, headers, limit, body_timeout(scope, server.config.http_body_timeout_secs))
             resolved: ResolvedModel | None = None
             try:
                 if headers.content_encoding is not None:
@@ -113,4 +119,5 @@ class InferHandler:
             logger.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        await send_infer_answer(send, payload, json_length, headers.accept_encoding)
+        await send_infer_answer(send, payload, json_length, headers.accept_encoding,
+                                scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)

@@ -60,17 +60,35 @@ async def send_error(
     await send_reply(send, error_reply(status, message, headers), close)
 
 
-async def send_infer_answer(send: Send, payload: bytes, json_length: int | None, accept_encoding: str | None) -> None:
-    """A 200 infer answer: JSON, or binary with its JSON header length; compressed when the client accepts it."""
+async def send_infer_answer(
+    send: Send, payload: bytes, json_length: int | None, accept_encoding: bytes | None,
+    send_response: Callable[[Send, int, bytes, bytes], bool] | None = None,
+) -> None:
+    """A 200 infer answer: JSON, or binary with its JSON header length; compressed when the client accepts it.
+
+    `send_response`: the server's whole-answer writer (scope extension `naiad.send_response`, see
+    connection.send_response), tried before the two ASGI messages when given."""
     if json_length is None:
-        out_headers = [(b"content-type", JSON)]
+        headers = [(b"content-type", JSON)]
     else:
-        out_headers = [(b"content-type", OCTET_STREAM), (b"inference-header-content-length", str(json_length).encode())]
+        headers = [(b"content-type", OCTET_STREAM), (b"inference-header-content-length", b"%d" % json_length)]
     if accept_encoding is not None:
         encoding = choose_encoding(accept_encoding)
         if encoding is not None:
             payload = compress(payload, encoding)
-            out_headers.append((b"content-encoding", encoding))
-    out_headers.append((b"content-length", str(len(payload)).encode()))
-    await send({"type": "http.response.start", "status": 200, "headers": out_headers})
+            headers.append((b"content-encoding", encoding))
+    if send_response is not None and send_response(send, 200, _head_lines(headers), payload):
+        return
+    headers.append((b"content-length", b"%d" % len(payload)))
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+_JSON_LINES = b"content-type: application/json\r\n"
+
+
+def _head_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """Header pairs as response head lines (the plain JSON answer's are written once, here)."""
+    if len(headers) == 1 and headers[0][1] is JSON:
+        return _JSON_LINES
+    return b"".join(b"%s: %s\r\n" % pair for pair in headers)

@@ -26,6 +26,8 @@ class FrameDecoder:
 
     def feed(self, data: bytes | memoryview) -> list[Any]:
         buffer = self._buffer
+        if not buffer and len(data) >= 4 and _HEADER.unpack_from(data)[0] == len(data) - 4:
+            return [pickle.loads(data[4:])]  # exactly one message, the usual case
         if buffer:
             buffer += data
             view = memoryview(buffer)

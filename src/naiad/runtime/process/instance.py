@@ -141,6 +141,7 @@ class ProcessInstance:
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
         self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._depth = PIPELINE_DEPTH
+        self._awaiting_room = 0  # batches waiting for room in the pipeline (at most one: it holds the instance)
         self._execution_ns = 0.0  # moving average of the worker's execution time
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
@@ -232,6 +233,17 @@ class ProcessInstance:
     # ------------------------------------------------------------ RequestModelInstance
 
     async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome:
+        pipeline = self._pipeline
+        if self._pipelined:
+            # Default scheduler: the next requests are already queued in the worker's socket while this
+            # one runs, so the worker goes from one execute to the next without sleeping in between, and
+            # both processes wake up once for several requests. The worker still runs one execute at a
+            # time, and holds at most `_depth` batches: this one waits for room first (holding the
+            # instance, so later requests queue behind it), and is then sent at once.
+            if pipeline and pipeline[0].done():
+                self._settle(pipeline)
+            if len(pipeline) >= self._depth:
+                await self._wait_for_room(pipeline)
         session = self._serving
         if session is None or not session.alive:
             error = internal(f"Stub process '{self.name}' is not healthy.")
@@ -245,7 +257,7 @@ class ProcessInstance:
             for index in range(len(requests)):
                 respond(index, BackendResponse(None, error=error, final=True))
             return None
-        if session.info.get("async_execute"):
+        if session.async_execute:
             return done  # async execute: the instance takes the next batch while this one runs
         if not self._pipelined:
             try:
@@ -257,19 +269,22 @@ class ProcessInstance:
                 # The worker still runs the batch: the instance is busy until it ends.
                 self._unfinished = session.finished(done) if done.cancelled() else done
                 raise
-        # Default scheduler: the next requests are already queued in the worker's socket while this
-        # one runs, so the worker goes from one execute to the next without sleeping in between, and
-        # both processes wake up once for several requests. The worker still runs one execute at a time.
-        pipeline = self._pipeline
-        self._settle(pipeline)
         pipeline.append(done)
-        while len(pipeline) >= self._depth:
-            # A cancelled caller here cancels pipeline[0], an earlier batch's future: harmless, the
-            # worker answers it all the same (responses go through `respond`) and the window opens
-            # one batch early. Shielding every wait would cost a loop hop per request.
-            await pipeline[0]
-            self._settle(pipeline)
         return done
+
+    async def _wait_for_room(self, pipeline: collections.deque[asyncio.Future[Any]]) -> None:
+        """Wait until the worker holds fewer than `_depth` batches (the waiting batch counts as queued)."""
+        self._awaiting_room += 1
+        try:
+            while len(pipeline) >= self._depth:
+                # A cancelled caller here cancels pipeline[0], an earlier batch's future: harmless, the
+                # worker answers it all the same (responses go through `respond`) and the window opens
+                # one batch early; this batch is then never sent. Shielding every wait would cost a
+                # loop hop per request.
+                await pipeline[0]
+                self._settle(pipeline)
+        finally:
+            self._awaiting_room -= 1
 
     def _settle(self, pipeline: collections.deque[asyncio.Future[Any]]) -> None:
         """Drop finished batches from the pipeline; their execution times set its depth."""
@@ -293,8 +308,9 @@ class ProcessInstance:
         return self._deaths
 
     def queued(self) -> int:
-        """Batches handed to the worker that it has not started yet (all but the oldest unfinished one)."""
-        return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0)
+        """Batches handed to the worker that it has not started yet (all but the oldest unfinished one),
+        and one waiting for room to be handed over."""
+        return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0) + self._awaiting_room
 
     def take_unfinished(self) -> asyncio.Future[Any] | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""

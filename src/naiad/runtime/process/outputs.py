@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from naiad.runtime.process.shm import PeerBlocks
-from naiad.runtime.process.tensors import unpack_one
+from naiad.runtime.process.tensors import NUMPY_OF, unpack_one
 
 ZERO_COPY_MIN = 64 * 1024  # smaller outputs are copied (cheaper than tracking a view)
 
@@ -28,18 +28,26 @@ class OutputReader:
         self.closed = False
 
     def read(self, block: str | None, metas: list[Any]) -> dict[str, np.ndarray]:
-        mapping = self._peers.view(block) if block else None
         outputs: dict[str, np.ndarray] = {}
+        if not block:  # every output inline in the message: its arrays own their data
+            for meta in metas:
+                name, datatype, shape, data, nbytes = meta
+                if nbytes and datatype != "BYTES":  # what unpack_one does for it, without the call
+                    outputs[name] = np.ndarray(shape, NUMPY_OF[datatype], data)
+                else:
+                    outputs[name] = unpack_one(None, meta, True)
+            return outputs
+        mapping = self._peers.view(block)
         views = 0
         for meta in metas:
-            if block and mapping is not None and meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
+            if meta[4] >= ZERO_COPY_MIN and meta[1] != "BYTES":
                 array = unpack_one(mapping, meta, copy=False)
                 weakref.finalize(array, self._view_gone, block)
                 views += 1
             else:
                 array = unpack_one(mapping, meta, copy=True)
             outputs[meta[0]] = array
-        if views and block:
+        if views:
             self._holds[block] = self._holds.get(block, 0) + views
         return outputs
 

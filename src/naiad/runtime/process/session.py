@@ -68,7 +68,7 @@ class _Batch:
                  future: asyncio.Future[Any]) -> None:
         self.requests = requests
         self.respond = respond
-        self.open = set(range(len(requests)))
+        self.open = {0} if len(requests) == 1 else set(range(len(requests)))
         self.done = False
         self.block = block
         self.future = future
@@ -83,7 +83,10 @@ class _Protocol(asyncio.Protocol):
         session = self._session
         for message in self._decoder.feed(data):
             try:
-                session.dispatch(message)
+                if message[0] == "d":  # a finished batch, the usual message: no dispatch call
+                    session._on_done(message)
+                else:
+                    session.dispatch(message)
             except Exception:  # a bad message must not break the channel
                 log.exception("error handling a message from worker %s", session.name)
         session.schedule_releases()
@@ -126,6 +129,7 @@ class WorkerSession:
         self.alive = False
         self.closing = False
         self.info: dict[str, Any] = {}
+        self.async_execute = False  # info["async_execute"], read once per batch
         # Set by an instance that queues several batches at this worker: receives (requests, respond,
         # future) of the batches that had not started when the worker died.
         self.keep_unstarted: Callable[[list[tuple[Any, ...]]], None] | None = None
@@ -151,6 +155,7 @@ class WorkerSession:
             self._init["prewarmed"] = None
         self.send(("init", self._init))
         self.info = await self._started
+        self.async_execute = bool(self.info.get("async_execute"))
         if self.info.get("prewarmed"):
             self.peers.view(self.info["prewarmed"])
         return self.info
@@ -224,7 +229,7 @@ class WorkerSession:
             self._started.set_exception(WorkerStartError(
                 f"the worker process of '{self.name}' exited during start-up{detail}; see the server log for its output"))
         batches = list(self._batches.values())
-        if self.keep_unstarted is not None and not self.info.get("async_execute"):
+        if self.keep_unstarted is not None and not self.async_execute:
             batches = self._hand_back_unstarted(batches, self.keep_unstarted)
         for batch in batches:
             for index in sorted(batch.open):
@@ -302,29 +307,31 @@ class WorkerSession:
     def submit(self, requests: list[BackendRequest], respond: ResponseCallback) -> asyncio.Future[Any]:
         """Send one batch; the future resolves with the execution's (start, end) when execute returned
         (None when the worker was lost first)."""
-        future = self._loop.create_future()
-        groups = []
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            raise internal(f"Stub process '{self.name}' is not healthy.")
         input_types = self._input_types
-        for request in requests:
-            groups.append([
-                (name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()
-            ])
+        groups = [[(name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()]
+                  for request in requests]
         block, metas = pack(self.pool, groups)
         described = [
             (r.request_id, r.correlation_id, r.flags, json.dumps(r.parameters, default=str) if r.parameters else "{}",
              r.timeout_us, tuple(r.requested_outputs), metas[i])
             for i, r in enumerate(requests)
         ]
-        self._next_batch += 1
-        batch_id = self._next_batch
-        self._batches[batch_id] = _Batch(requests, respond, block, future)
+        self._next_batch = batch_id = self._next_batch + 1
+        releases = self._releases
+        if releases:  # the worker's blocks read since the last message ride along
+            releases = self.take_releases()
         try:
-            self.send(("x", batch_id, block, described, self.take_releases()))
-        except NaiadError:
-            self._batches.pop(batch_id, None)
+            data = encode(("x", batch_id, block, described, releases))
+        except Exception:
             if block:
                 self.pool.release(block)
             raise
+        future = self._loop.create_future()
+        self._batches[batch_id] = _Batch(requests, respond, block, future)
+        transport.write(data)
         return future
 
     def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
@@ -348,33 +355,38 @@ class WorkerSession:
 
     def _on_done(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, responses, error, rescheduled, timing = message
+        reader = self._reader
         batch = self._batches.get(batch_id)
         if batch is None:
-            self._reader.done_with(block)
+            reader.done_with(block)
             return
         for index in rescheduled:
             self._reschedule(batch, index)
+        still_open = batch.open
+        respond = batch.respond
         if error is not None:
             failure = error_of(error)
-            for index in sorted(batch.open):
-                batch.respond(index, BackendResponse(None, error=failure, final=True, execution_ns=timing))
-            batch.open.clear()
+            for index in sorted(still_open):
+                respond(index, BackendResponse(None, error=failure, final=True, execution_ns=timing))
+            still_open.clear()
         elif responses is not None:
             for index, (metas, parameters, err) in enumerate(responses):
-                if index not in batch.open:
+                if index not in still_open:
                     continue
-                batch.open.discard(index)
+                still_open.discard(index)
                 if err is not None:  # an InferenceResponse(error=...): a success in Triton's statistics
-                    batch.respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
-                                                         counts_as_failure=False, execution_ns=timing))
+                    respond(index, BackendResponse(None, _parameters(parameters), error_of(err), True,
+                                                   counts_as_failure=False, execution_ns=timing))
                 else:
-                    outputs = self._reader.read(block, metas)
-                    batch.respond(index, BackendResponse(outputs, _parameters(parameters), None, True, execution_ns=timing))
-        self._reader.done_with(block)
+                    outputs = reader.read(block, metas)
+                    respond(index, BackendResponse(outputs, _parameters(parameters), None, True, True, timing))
+        if block:
+            reader.done_with(block)
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
-        self._close_if_complete(batch_id, batch)
+        if not still_open:
+            self._close_if_complete(batch_id, batch)
 
     def _reschedule(self, batch: _Batch, index: int) -> None:
         """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer

@@ -176,6 +176,8 @@ class BlockPool:
 
     def take_dropped(self) -> list[str]:
         """Names destroyed since the last call: the peer should drop its mappings of them."""
+        if not self._dropped:  # the common case, asked after every message: no lock, no new list
+            return []
         with self._lock:
             dropped, self._dropped = self._dropped, []
             return dropped
