@@ -79,3 +79,85 @@ def test_an_answer_larger_than_the_stream_window_waits_for_it(loop: asyncio.Abst
         conn.connection_lost(None)
 
     loop.run_until_complete(scenario())
+
+
+def _waiting_method(replies: dict[bytes, asyncio.Future[bytes]]) -> grpc.RpcMethodHandler:
+    """A method whose answer to a request is what the future registered under it is given (as an infer
+    call waits for its model's reply)."""
+    async def wait(request: bytes, context: object) -> bytes:
+        reply = asyncio.get_running_loop().create_future()
+        replies[request] = reply
+        return await reply
+    return grpc.unary_unary_rpc_method_handler(wait)
+
+
+def test_the_answer_to_a_reply_is_written_in_the_turn_the_reply_arrives(loop: asyncio.AbstractEventLoop) -> None:
+    """The one call in flight on a connection: when what it waits for is done, its answer goes out from
+    that completion's callback, with no task and no later flush in between (each costs a loop turn
+    while the client waits, and at one call in flight the server then idles for as long)."""
+    async def scenario() -> None:
+        replies: dict[bytes, asyncio.Future[bytes]] = {}
+        conn, transport, block = _one_method_connection(_waiting_method(replies), 100)
+        writes: list[bytes] = []
+        transport.write = writes.append  # type: ignore[method-assign]
+        conn.data_received(w.PREFACE + w.settings_frame({}) + _call(1, block, b"a"))
+        writes.clear()
+        tasks = len(asyncio.all_tasks())
+        replies[b"a"].set_result(b"reply")  # its done callbacks run in the next turn
+        await asyncio.sleep(0)  # this coroutine's next step is queued behind them
+        assert len(asyncio.all_tasks()) == tasks
+        assert len(writes) == 1
+        frames = _frames(writes[0])
+        assert [(f[0], f[2]) for f in frames] == [(w.HEADERS, 1), (w.DATA, 1), (w.HEADERS, 1)]
+        assert frames[1][3] == b"\0\0\0\0\x05reply" and frames[2][1] & w.END_STREAM
+        assert not conn.streams and conn.handlers == 0
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
+
+
+def test_answers_ready_in_the_same_turn_share_one_write(loop: asyncio.AbstractEventLoop) -> None:
+    """Several calls in flight: answers completed in one turn still go out together, in one write."""
+    async def scenario() -> None:
+        replies: dict[bytes, asyncio.Future[bytes]] = {}
+        conn, transport, block = _one_method_connection(_waiting_method(replies), 100)
+        writes: list[bytes] = []
+        transport.write = writes.append  # type: ignore[method-assign]
+        conn.data_received(w.PREFACE + w.settings_frame({}) + b"".join(
+            _call(sid, block, body) for sid, body in ((1, b"a"), (3, b"b"), (5, b"c"))))
+        writes.clear()
+        replies[b"a"].set_result(b"A")
+        replies[b"b"].set_result(b"B")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(writes) == 1
+        frames = _frames(writes[0])
+        assert [f[3] for f in frames if f[0] == w.DATA] == [b"\0\0\0\0\x01A", b"\0\0\0\0\x01B"]
+        assert conn.handlers == 1 and list(conn.streams) == [5]
+        replies[b"c"].set_result(b"C")  # now the only call in flight
+        await asyncio.sleep(0)
+        assert len(writes) == 2 and [f[3] for f in _frames(writes[1]) if f[0] == w.DATA] == [b"\0\0\0\0\x01C"]
+        assert not conn.streams and conn.handlers == 0
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
+
+
+def test_a_call_cancelled_while_it_waits_ends_without_a_task(loop: asyncio.AbstractEventLoop) -> None:
+    """The deadline passes while the handler waits: what it waits on is cancelled, the handler ends,
+    and the client gets DEADLINE_EXCEEDED."""
+    async def scenario() -> None:
+        replies: dict[bytes, asyncio.Future[bytes]] = {}
+        conn, transport, block = _one_method_connection(_waiting_method(replies), 100)
+        block += w.literal(b"grpc-timeout", b"1m")
+        conn.data_received(w.PREFACE + w.settings_frame({}) + _call(1, block, b"a"))
+        for _ in range(200):
+            if replies[b"a"].cancelled() and conn.handlers == 0:
+                break
+            await asyncio.sleep(0.005)
+        assert replies[b"a"].cancelled() and conn.handlers == 0 and not conn.streams
+        trailers = [f for f in _frames(bytes(transport.out)) if f[0] == w.HEADERS and f[1] & w.END_STREAM]
+        assert dict(hpack.Decoder().decode(trailers[-1][3]))["grpc-status"] == str(grpc.StatusCode.DEADLINE_EXCEEDED.value[0])
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())

@@ -2,7 +2,8 @@
 
 Reading: frames are split straight out of `data_received`; HEADERS open a call, DATA is cut
 into length-prefixed gRPC messages. Writing: every frame goes to one list that is written
-with a single `transport.write` per event-loop turn. Flow control is honoured both ways.
+with a single `transport.write` per event-loop turn (at once when it ends the connection's last
+call in flight: nothing else could join that write). Flow control is honoured both ways.
 
 What one client may cost is bounded (h2_limits): streams reset early and frames that carry no
 request spend per-connection budgets (GOAWAY ENHANCE_YOUR_CALM when one runs out); at most

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from naiad.frontends.first_step import run_first_step
+from naiad.frontends.first_step import run_first_step, run_next_step
 from naiad.frontends.grpc import h2_limits as lim
 from naiad.frontends.grpc import h2_wire as w
 from naiad.frontends.grpc.guard import Guard
@@ -139,7 +139,7 @@ class H2GrpcServer:
             coro = self.run_call(conn, stream, request)
         # The handler's first step runs now, as an eager task would: calls that finish without
         # waiting (health, metadata) need no task, and an infer request reaches the scheduler in
-        # this event-loop turn. A call that waits gets its task when what it waits for is done.
+        # this event-loop turn. A call that waits goes on in the callback of what it waited for.
         conn.handlers += 1
         awaited = run_first_step(coro, lambda coro, ctx: self._resume(conn, stream, coro, ctx))
         if awaited is not None:
@@ -148,7 +148,21 @@ class H2GrpcServer:
             conn.handlers -= 1  # it finished in its first step
 
     def _resume(self, conn: H2Connection, stream: Stream, coro: Any, context: contextvars.Context) -> None:
-        stream.awaited = None
+        awaited, stream.awaited = stream.awaited, None
+        if awaited is not None and awaited.done():
+            # What the handler waited on (the model's reply) is done: its next step runs here, so the
+            # answer is written in this turn rather than after a task's first step a turn later; a
+            # task is made only after a bare yield.
+            ended = True
+            try:
+                stream.awaited = run_next_step(coro, context, lambda coro, ctx: self._resume(conn, stream, coro, ctx))
+                ended = stream.awaited is None and stream.task is None
+            except asyncio.CancelledError:
+                pass  # cancelled outside run_call (while inflating): ended, as a cancelled task would be
+            finally:
+                if ended:
+                    conn.handlers -= 1
+            return
         stream.task = self.loop.create_task(coro, context=context)
         stream.task.add_done_callback(conn.handler_done)
 

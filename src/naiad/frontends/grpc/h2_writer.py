@@ -16,7 +16,8 @@ _CODE = {code: code.value[0] for code in grpc.StatusCode}
 
 
 class FrameWriter:
-    """Mixed into H2Connection: every outbound frame goes to `_out`, written once per event-loop turn.
+    """Mixed into H2Connection: every outbound frame goes to `_out`, written once per event-loop turn
+    (or at once, for the end of the connection's last call in flight).
 
     DATA respects the connection and stream windows (the excess waits in `stream.pending`);
     a call's trailers follow its last queued DATA.
@@ -33,6 +34,7 @@ class FrameWriter:
     _send_window: int
     _peer_max_frame: int
     _blocked: dict[int, Stream]
+    handlers: int  # call handlers started and not yet ended (the one answering included)
     # Defined by the connection this is mixed into: a DATA frame went out (the client may acknowledge it).
     _data_written: Callable[[], None]
     # Defined by the connection this is mixed into (H2Connection): end a call's bookkeeping.
@@ -47,6 +49,15 @@ class FrameWriter:
         if not self._flush_scheduled and not self._in_turn:  # a turn of reading flushes when it ends
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
+
+    def _flush_answer(self) -> None:
+        """A call's end is queued. The last call in flight on the connection has nothing to share its
+        write with: it goes out now, before the call's remaining bookkeeping, so the client's next
+        request is on its way meanwhile. Others wait for the turn's one write."""
+        if self._in_turn or self.handlers > 1:
+            self._flush_soon()
+        else:
+            self._flush()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -104,8 +115,8 @@ class FrameWriter:
         self._data_written()
         self._write(w.ok_response(stream.sid, payload))
         self._ended(stream)
+        self._flush_answer()
         self._release(stream, False)
-        self._flush_soon()
 
     def _pump(self, stream: Stream) -> None:
         pending = stream.pending
@@ -167,8 +178,8 @@ class FrameWriter:
             stream.trailers = block
         else:
             self._end_stream(stream, block)
+        self._flush_answer()
         self._release(stream, cancelled)
-        self._flush_soon()
 
     def _end_stream(self, stream: Stream, block: bytes) -> None:
         self._write(self._header_frames(stream.sid, block, True))
