@@ -183,6 +183,21 @@ def test_a_whole_answer_is_the_answer_its_asgi_messages_give(port):
     assert heads[3] == heads[0].replace(b"\r\n\r\n", b"\r\nconnection: close\r\n\r\n")
 
 
+def _in_memory_connection(loop: asyncio.AbstractEventLoop, written: list[bytes],
+                          default_headers: list[tuple[bytes, bytes]] | None = None) -> HttpConnection:
+    """A connection of the test app whose transport appends each write to `written`."""
+    transport = type("Transport", (), {
+        "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
+        "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
+    })()
+    config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
+    state = type("State", (), {"connections": set(), "tasks": set(), "default_headers": default_headers or [],
+                               "total_requests": 0})()
+    conn = HttpConnection(config, state, {}, loop)
+    conn.connection_made(transport)
+    return conn
+
+
 def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
     """While the transport's buffer is full, naiad.send_response writes nothing and says so: the
     ASGI send then waits for the transport."""
@@ -191,14 +206,7 @@ def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
     written: list[bytes] = []
     loop = asyncio.new_event_loop()
     try:
-        transport = type("Transport", (), {
-            "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
-            "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
-        })()
-        config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
-        state = type("State", (), {"connections": set(), "tasks": set(), "default_headers": [], "total_requests": 0})()
-        conn = HttpConnection(config, state, {}, loop)
-        conn.connection_made(transport)
+        conn = _in_memory_connection(loop, written)
         exchange = Exchange(conn, {"method": "POST", "http_version": "1.1"}, keep_alive=True, expect_continue=False)
         conn.pause_writing()
         assert send_response(exchange.send, 200, b"", b"x") is False
@@ -225,15 +233,8 @@ def test_a_keep_alive_connection_writes_the_date_the_server_has_now():
     written: list[bytes] = []
     loop = asyncio.new_event_loop()
     try:
-        transport = type("Transport", (), {
-            "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
-            "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
-        })()
-        config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
-        state = type("State", (), {"connections": set(), "tasks": set(), "total_requests": 0,
-                                   "default_headers": [(b"date", b"Wed, 25 Nov 2026 10:00:00 GMT")]})()
-        conn = HttpConnection(config, state, {}, loop)
-        conn.connection_made(transport)
+        conn = _in_memory_connection(loop, written, [(b"date", b"Wed, 25 Nov 2026 10:00:00 GMT")])
+        state = conn.server_state
         scope = {"method": "GET", "http_version": "1.1"}
         assert send_response(Exchange(conn, scope, keep_alive=True, expect_continue=False).send, 200, b"", b"x")
         state.default_headers = [(b"date", b"Wed, 25 Nov 2026 10:00:01 GMT")]
