@@ -1,4 +1,4 @@
-"""The Python-model worker's per-request shortcuts give exactly what the general tensor transport gives."""
+"""The Python-model worker's per-request shortcut for received inputs gives exactly what the general tensor transport gives."""
 
 from __future__ import annotations
 
@@ -11,8 +11,7 @@ import pytest
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.python_host import PythonModelHost
 from naiad.runtime.process.shm import remove_prefixed
-from naiad.runtime.process.tensors import INLINE_MAX, pack, unpack_one
-from naiad.runtime.process.worker_runtime import _inline_metas
+from naiad.runtime.process.tensors import pack, unpack_one
 
 INLINE_GROUPS = [
     [("A", "FP32", np.arange(16, dtype=np.float32).reshape(1, 16)), ("B", "INT64", np.array([[-3, 7]]))],
@@ -20,32 +19,6 @@ INLINE_GROUPS = [
     [("C", "BOOL", np.array([True, False, True])), ("D", "FP16", np.ones((2, 2), np.float16)),
      ("E", "BF16", np.array([0x3F80, 0x4000], np.uint16)), ("F", "UINT8", np.arange(200, dtype=np.uint8))],
 ]
-
-
-def _as_plain(metas):
-    """Metadata with bytearrays as bytes (to compare content, not identity)."""
-    return [[tuple(bytes(f) if isinstance(f, bytearray) else f for f in meta) for meta in group] for group in metas]
-
-
-def test_inline_outputs_are_laid_out_as_pack_lays_them_out():
-    metas = _inline_metas(INLINE_GROUPS)
-    block, expected = pack(None, INLINE_GROUPS)
-    assert block is None
-    assert metas is not None and _as_plain(metas) == _as_plain(expected)
-    assert all(type(meta[3]) is bytearray for group in metas for meta in group)
-    # The pickled reply is what the server reads today.
-    assert pickle.loads(pickle.dumps(metas)) == pickle.loads(pickle.dumps(expected))
-
-
-@pytest.mark.parametrize("group", [
-    [("S", "BYTES", np.array([b"ab", b""], dtype=np.object_))],  # BYTES: length-prefixed encoding
-    [("Z", "FP32", np.zeros((0, 4), np.float32))],  # empty: no bytes, an offset
-    [("T", "FP32", np.arange(32, dtype=np.float32).reshape(4, 8).T)],  # not C-contiguous
-    [("W", "FP32", np.arange(4, dtype=np.float64))],  # converted to the wire dtype
-    [("L", "UINT8", np.zeros(INLINE_MAX // 2, np.uint8)), ("M", "UINT8", np.zeros(INLINE_MAX // 2 + 1, np.uint8))],
-], ids=["bytes", "empty", "transposed", "converted", "too-large"])
-def test_other_outputs_are_left_to_pack(group):
-    assert _inline_metas([group]) is None
 
 
 @pytest.fixture

@@ -20,8 +20,8 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
-from naiad.runtime.process.tensors import unpack_one
-from naiad.runtime.process.worker_runtime import RAW_DTYPES, error_tuple, exit_worker, pack_outputs
+from naiad.runtime.process.tensors import NUMPY_OF, pack, unpack_one
+from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -169,7 +169,7 @@ class PythonModelHost(WorkerHost):
             for meta in metas:
                 where = meta[3]
                 if type(where) is bytearray:  # a numeric tensor carried in the message: an array over its bytes
-                    array = np.ndarray(meta[2], RAW_DTYPES[meta[1]], where)
+                    array = np.ndarray(meta[2], NUMPY_OF[meta[1]], where)
                 else:
                     array = unpack_one(view, meta, copy=False)
                 inputs.append(_tensor(meta[0], array, meta[1]))
@@ -231,7 +231,7 @@ class PythonModelHost(WorkerHost):
                 groups.append(group)
                 extras.append((True, response._parameters, None))
             index += 1
-        block, metas = pack_outputs(self.runtime.pool, groups)
+        block, metas = pack(self.runtime.pool, groups)
         responses = []
         for meta, (ok, parameters, error) in zip(metas, extras):
             responses.append((meta if ok else None, parameters, error))

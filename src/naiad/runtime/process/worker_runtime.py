@@ -9,51 +9,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.inbox import Call, Inbox
 from naiad.runtime.process.shm import BlockPool, PeerBlocks
-from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMPY_OF, pack, unpack_one
+from naiad.runtime.process.tensors import pack, unpack_one
 from triton_python_backend_utils import _runtime
 
 _END = object()
-# numpy dtypes of the datatypes sent as raw bytes (every one but BYTES).
-RAW_DTYPES = {name: np.dtype(numpy_type) for name, numpy_type in NUMPY_OF.items() if name != "BYTES"}
 
 
 def error_tuple(error: Any) -> tuple[Any, ...] | None:
     if error is None:
         return None
     return (error.message(), error.code_name())
-
-
-def _inline_metas(groups: list[list[tuple[str, str, Any]]]) -> list[list[tuple[Any, ...]]] | None:
-    """The metadata `tensors.pack` gives outputs small enough to travel in the message, made without its
-    general preparation, when every tensor is a non-empty C-contiguous array of its wire dtype (None otherwise)."""
-    total = 0
-    metas = []
-    for group in groups:
-        meta = []
-        for name, datatype, array in group:
-            nbytes = array.nbytes
-            if not nbytes or array.dtype != RAW_DTYPES.get(datatype) or not array.flags.c_contiguous:
-                return None  # BYTES, empty, non-contiguous or converted tensors: pack() lays them out
-            total += (nbytes + ALIGN - 1) & -ALIGN
-            if total > INLINE_MAX:
-                return None
-            meta.append((name, datatype, array.shape, bytearray(array), nbytes))
-        metas.append(meta)
-    return metas
-
-
-def pack_outputs(pool: BlockPool, groups: list[list[tuple[str, str, Any]]]) -> tuple[Any, ...]:
-    """`tensors.pack(pool, groups)`, with the common case of small numeric outputs laid out directly."""
-    metas = _inline_metas(groups)
-    if metas is None:
-        return pack(pool, groups)
-    return None, metas
 
 
 class BlsCall(Call):
@@ -112,7 +81,7 @@ class WorkerRuntime:
 
     def pack_response(self, requested: tuple[Any, ...], response: Any) -> tuple[Any, ...]:
         tensors = [(t._name, t._datatype, t._array) for t in response._tensors if t._name in requested]
-        block, metas = pack_outputs(self.pool, [tensors])
+        block, metas = pack(self.pool, [tensors])
         return block, metas[0]
 
     def send_response(self, handle: tuple[Any, ...], requested: tuple[Any, ...], response: Any, final: bool) -> None:
