@@ -231,10 +231,7 @@ class InferenceService:
 
     def _end_request(self, model_name: str) -> None:
         self._models.residency.end_use(model_name)
-        state = self._state
-        state.inflight -= 1
-        if not state.inflight and state.idle_waiters:
-            state.wake_idle_waiters()
+        self._state.request_done()
 
 
 def _current(resolved: ResolvedModel | None, request: InferenceRequest) -> ModelVersion | None:

@@ -29,9 +29,11 @@ class ServingState:
             self.idle_waiters.append(waiter)
             await waiter
 
-    def wake_idle_waiters(self) -> None:
-        """inflight dropped to 0: wake whoever waits in wait_idle()."""
-        waiters, self.idle_waiters = self.idle_waiters, []
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+    def request_done(self) -> None:
+        """One request left: when it was the last one in flight, wake whoever waits in wait_idle()."""
+        self.inflight -= 1
+        if not self.inflight and self.idle_waiters:
+            waiters, self.idle_waiters = self.idle_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
