@@ -83,8 +83,5 @@ class BlockingChannel:
             count = self.sock.recv_into(self._buffer)
             if not count:
                 raise EOFError("connection closed")
-            view = self._view
-            if count >= 4 and not self._decoder._buffer and _HEADER.unpack_from(view)[0] + 4 == count:
-                return pickle.loads(view[4:count])  # exactly one whole message (the usual read): no decoder
-            self._pending.extend(self._decoder.feed(view[:count]))
+            self._pending.extend(self._decoder.feed(self._view[:count]))
         return self._pending.pop(0)
