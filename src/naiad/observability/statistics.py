@@ -89,8 +89,7 @@ class ModelStatistics:
         ms = duration_ns / 1e6
         success, queue = self._success, self._queue
         with self._lock:
-            self.first_response_sum_ms += ms
-            self.first_response_counts[bisect_left(self.first_response_buckets_ms, ms)] += 1
+            self._count_first_response(ms)
             # in place rather than through _Duration.add: two calls fewer per request
             success.count += 1
             success.ns += duration_ns
