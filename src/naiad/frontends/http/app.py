@@ -38,15 +38,17 @@ class HttpApp:
         if self.guard.refusal(scope) is not None and await self.guard.refuse(scope, send):
             return  # (checked without a coroutine first: almost every request passes)
         path = scope["path"]
-        for route in self.fast:
-            if route.marker in path:
-                match = route.pattern.fullmatch(path)
-                if match is not None:
-                    if scope["method"] == "POST":
-                        await route.call(scope, receive, send, match)
-                    else:
-                        await method_not_allowed(scope, send, ("POST",))
-                    return
+        try:
+            target = self.fast.known[path]
+        except KeyError:
+            target = self.fast.target(path)
+        if target is not None:
+            handler, arguments = target
+            if scope["method"] == "POST":
+                await handler(scope, receive, send, *arguments)
+            else:
+                await method_not_allowed(scope, send, ("POST",))
+            return
         for prefix, app in self.mounts:
             if path.startswith(prefix):
                 await app(scope, receive, send)
