@@ -176,11 +176,12 @@ def _decode_outputs(request: InferenceRequest, plan: OutputPlan, raw_outputs: An
 def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
     """Flat JSON-ready data: numeric arrays go to orjson as numpy, BYTES as strings. orjson writes
     NaN and +-inf as null; with spell_non_finite they are written as Triton writes them instead."""
-    if array.dtype.kind not in "biuf" or datatype in _NOT_NUMPY_JSON:
+    dtype = array.dtype
+    if dtype.kind not in "biuf" or datatype in _NOT_NUMPY_JSON:
         return array_to_json(array, datatype)
     flat = array.ravel()  # C order, contiguous (a copy only when the array is not)
-    if not flat.dtype.isnative:
-        flat = flat.astype(flat.dtype.newbyteorder("="))
+    if not dtype.isnative:
+        flat = flat.astype(dtype.newbyteorder("="))
     if spell_non_finite and has_non_finite(flat):
         return non_finite_json_array(flat)
     return flat
