@@ -15,6 +15,7 @@ the same sizes are decoded without a protobuf message at all.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,6 +182,12 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
+@functools.lru_cache(maxsize=1024)
+def _output_field_head(size: int) -> bytes:
+    """The tag and length of a raw_output_contents entry of `size` bytes (responses repeat their sizes)."""
+    return _RAW_OUTPUT_TAG + _varint(size)
+
+
 class InferEncoder:
     """encode_infer_response, serialized, for Naiad's own gRPC server (which sends bytes as they are).
 
@@ -196,13 +203,13 @@ class InferEncoder:
         if response.parameters:
             return encode_infer_response(response).SerializeToString()
         key: list[object] = [response.model_name, response.model_version, response.id]
-        parts = []
+        parts: list[bytes] = [b""]  # the head goes first, once known
         for out in response.outputs:
             if out.parameters or out.data is None:
                 return encode_infer_response(response).SerializeToString()
             key += (out.name, out.datatype, tuple(out.shape))
             raw = raw_bytes(out.data, out.datatype)
-            parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+            parts += (_output_field_head(len(raw)), raw)
         frozen = tuple(key)
         head = self._memo.get(frozen)
         if head is None:
@@ -211,7 +218,8 @@ class InferEncoder:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[frozen] = head
-        return head + b"".join(parts)
+        parts[0] = head
+        return b"".join(parts)
 
     @staticmethod
     def _head(response: InferenceResponse) -> bytes:
