@@ -599,7 +599,7 @@ def test_repeated_infer_requests_each_get_their_own_tensors(running: Running,
                                                             client: grpcclient.InferenceServerClient) -> None:
     """The same layout again and again (decoded from the message bytes once seen), then unlike ones."""
     rng = np.random.default_rng(3)
-    for i in range(4):
+    for _ in range(4):
         a, b = rng.standard_normal((1, 4)).astype(np.float32), rng.integers(0, 9, (2,)).astype(np.int64)
         result = client.infer("echo", [_input("A", a, "FP32"), _input("B", b, "INT64")])
         np.testing.assert_array_equal(result.as_numpy("OUT_A"), a)
