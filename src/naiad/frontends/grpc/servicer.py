@@ -149,7 +149,8 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     def serialized_infer_handler(self) -> grpc.RpcMethodHandler:
         """ModelInfer for a server that can hand over the request message as received (Naiad's own):
         a request laid out like one seen before is decoded from its bytes without being parsed."""
-        return grpc.unary_unary_rpc_method_handler(self.ModelInfer)
+        return grpc.unary_unary_rpc_method_handler(
+            self.ModelInfer, response_serializer=pb.ModelInferResponse.SerializeToString)  # unless already bytes
 
     def _decode(self, request: pb.ModelInferRequest | bytes | bytearray | memoryview) -> InferenceRequest:
         """An invalid model name first; then an unknown model (NOT_FOUND) rather than what its tensors
