@@ -66,7 +66,7 @@ class InferenceService:
         start = item.enqueue_ns  # taken as the work item was made, just now: no second clock read
         tracer = self._tracer
         if not tracer.off and tracer.active:
-            trace = start_trace(self._tracer, model, request, start)
+            trace = start_trace(tracer, model, request, start)
             if trace is not None:
                 response = None
                 try:

@@ -107,7 +107,7 @@ class InstancePool:
         }
         self._executions: set[asyncio.Future[None]] = set()  # executions the pool waits for before closing
         # Callers in _waiters, and in any queue: counted, so that acquiring and releasing while nobody
-        # waits (every request of an unloaded model) looks into no queue.
+        # waits (every request at low concurrency) looks into no queue.
         self._waiting_any = 0
         self._waiting = 0
 
