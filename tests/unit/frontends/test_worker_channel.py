@@ -23,6 +23,7 @@ from naiad.frontends.workers.codec import (
     request_to_wire,
     response_from_wire,
     response_to_wire,
+    tensor_from_wire,
     tensor_to_wire,
 )
 from naiad.frontends.workers.core_client import CoreClient
@@ -99,6 +100,16 @@ def test_responses_round_trip_through_the_flat_tuple() -> None:
     assert (back.model_name, back.model_version, back.id, back.parameters) == ("model", "1", "r", {"x": "y"})
     np.testing.assert_array_equal(back.outputs[0].data, [[1, 2]])
     assert back.outputs[1].data is None and back.outputs[1].parameters == {"shm": 1}
+
+
+@pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((0, 16), np.int8),
+                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16)])
+def test_flat_tensors_come_back_as_read_only_arrays_of_their_dtype_and_shape(array: np.ndarray) -> None:
+    wired = pickle.loads(pickle.dumps(tensor_to_wire(array), protocol=5))
+    assert isinstance(wired, tuple)
+    back = tensor_from_wire(wired)
+    assert back.dtype == array.dtype and back.shape == array.shape and not back.flags.writeable
+    np.testing.assert_array_equal(back, array)
 
 
 def test_shared_sockets_listen_on_one_port() -> None:
