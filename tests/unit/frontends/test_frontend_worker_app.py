@@ -28,7 +28,9 @@ class _Core:
     def send(self, message: tuple) -> None:
         assert message[0] == wire.INFER
         request = request_from_wire(message[2])
-        data = request.inputs[0].data + 1
+        data = request.inputs[0].data
+        assert data is not None
+        data = data + 1
         answer = response_to_wire(InferenceResponse(request.model_name, "1", [OutputTensor("Y", "FP32", data.shape, data)]))
         asyncio.get_running_loop().call_soon(self.client.on_message, (wire.RESULT, message[1], answer))
 

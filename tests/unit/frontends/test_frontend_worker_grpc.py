@@ -22,7 +22,9 @@ class _Core:
     """The core's inference: OUTPUT0 = INPUT0 + INPUT1, at once."""
 
     async def infer(self, request: InferenceRequest, traceparent: str) -> InferenceResponse:
-        total = request.inputs[0].data + request.inputs[1].data
+        first, second = request.inputs[0].data, request.inputs[1].data
+        assert first is not None and second is not None
+        total = first + second
         return InferenceResponse(request.model_name, "1", [OutputTensor("OUTPUT0", "INT32", total.shape, total)])
 
 
@@ -41,7 +43,7 @@ def _message(a: int, b: int) -> bytes:
 
 def test_a_repeated_layout_is_answered_without_parsing_its_message(monkeypatch: pytest.MonkeyPatch) -> None:
     handlers = WorkerHandlers(_Core(), allow_shared_memory=False)  # type: ignore[arg-type]
-    handler = handlers.service(types.SimpleNamespace(method=_MODEL_INFER))  # type: ignore[arg-type]
+    handler = handlers.service(types.SimpleNamespace(method=_MODEL_INFER))
     assert handler is not None
     parsed: list[bytes] = []
     real = pb.ModelInferRequest
@@ -69,7 +71,7 @@ def test_a_repeated_layout_is_answered_without_parsing_its_message(monkeypatch: 
 
 def test_a_message_that_does_not_parse_aborts_with_the_servers_internal_error() -> None:
     handlers = WorkerHandlers(_Core(), allow_shared_memory=False)  # type: ignore[arg-type]
-    handler = handlers.service(types.SimpleNamespace(method=_MODEL_INFER))  # type: ignore[arg-type]
+    handler = handlers.service(types.SimpleNamespace(method=_MODEL_INFER))
     assert handler is not None
 
     class Aborted(Exception):

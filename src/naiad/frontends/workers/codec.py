@@ -38,9 +38,9 @@ _DTYPES: dict[str, np.dtype] = {}  # dtype string -> dtype: np.dtype(str) parses
 
 
 def tensor_from_wire(value: Tensor) -> np.ndarray:
-    if value.__class__ is not tuple:
-        return value  # type: ignore[return-value]  (an array pickled as it is)
-    dtype, shape, raw = value  # type: ignore[misc]
+    if isinstance(value, np.ndarray):
+        return value  # pickled as it is
+    dtype, shape, raw = value
     parsed = _DTYPES.get(dtype)
     if parsed is None:
         parsed = _DTYPES[dtype] = np.dtype(dtype)
