@@ -470,3 +470,21 @@ def test_grpc_infer_answers_of_a_repeated_layout_are_the_full_encoding(grpc_serv
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "12" in (info.value.details() or ""), info.value.details()
         assert pb.ModelInferResponse.FromString(infer(request("after", 2, 2), timeout=30)).id == "after"
+
+
+def test_grpc_infer_message_that_does_not_parse_is_the_servers_internal_error(grpc_server: RunningServer) -> None:
+    """A ModelInfer message that is not protobuf gets what either gRPC server says of it, and the worker
+    keeps serving (a request laid out like one seen before is decoded from its bytes, unparsed)."""
+    good = pb.ModelInferRequest(model_name="add_sub",
+                                raw_input_contents=[np.full(4, 3, "<i4").tobytes(), np.full(4, 1, "<i4").tobytes()])
+    for name in ("INPUT0", "INPUT1"):
+        good.inputs.add(name=name, datatype="INT32", shape=[1, 4])
+    with grpc.insecure_channel(grpc_server.grpc_url) as channel:
+        infer = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        assert pb.ModelInferResponse.FromString(infer(good.SerializeToString(), timeout=30)).model_name == "add_sub"
+        with pytest.raises(grpc.RpcError) as info:
+            infer(b"\xff\xff\xff", timeout=30)
+        assert info.value.code() == grpc.StatusCode.INTERNAL
+        assert info.value.details() == "Exception deserializing request!"
+        answer = pb.ModelInferResponse.FromString(infer(good.SerializeToString(), timeout=30))
+        np.testing.assert_array_equal(np.frombuffer(answer.raw_output_contents[0], "<i4"), [4] * 4)

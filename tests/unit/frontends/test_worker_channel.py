@@ -23,6 +23,7 @@ from naiad.frontends.workers.codec import (
     request_to_wire,
     response_from_wire,
     response_to_wire,
+    tensor_from_wire,
     tensor_to_wire,
 )
 from naiad.frontends.workers.core_client import CoreClient
@@ -99,6 +100,16 @@ def test_responses_round_trip_through_the_flat_tuple() -> None:
     assert (back.model_name, back.model_version, back.id, back.parameters) == ("model", "1", "r", {"x": "y"})
     np.testing.assert_array_equal(back.outputs[0].data, [[1, 2]])
     assert back.outputs[1].data is None and back.outputs[1].parameters == {"shm": 1}
+
+
+@pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((0, 16), np.int8),
+                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16)])
+def test_flat_tensors_come_back_as_read_only_arrays_of_their_dtype_and_shape(array: np.ndarray) -> None:
+    wired = pickle.loads(pickle.dumps(tensor_to_wire(array), protocol=5))
+    assert isinstance(wired, tuple)
+    back = tensor_from_wire(wired)
+    assert back.dtype == array.dtype and back.shape == array.shape and not back.flags.writeable
+    np.testing.assert_array_equal(back, array)
 
 
 def test_shared_sockets_listen_on_one_port() -> None:
@@ -257,6 +268,8 @@ class _Inference:
             except asyncio.CancelledError:
                 self.cancelled += 1
                 raise
+            if request.parameters.get("yield"):
+                await asyncio.sleep(0)  # a bare yield: the request goes on in a task
         return InferenceResponse(request.model_name, "1", [], request.id)
 
 
@@ -288,6 +301,38 @@ def test_an_inline_infer_is_answered_in_the_turn_that_read_it_and_a_waiting_one_
     assert inline_left == 0 and queued == 2
     assert cancelled == 1  # request 3: its client went away while it waited
     assert [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1), (wire.RESULT, 2)]
+
+
+def test_a_released_infer_goes_on_in_the_callback_of_what_it_waited_on_with_no_task() -> None:
+    """As the single server's frontends do: once the model answers, the request's next step runs in the
+    answer's own callback (a task would answer one turn of the loop later); a bare yield still gets a task."""
+    def infer_message(request_id: int, parameters: dict) -> tuple:
+        request = InferenceRequest("queued", [], id=str(request_id), parameters=parameters)
+        return (wire.INFER, request_id, request_to_wire(request), "")
+
+    async def scenario() -> tuple[list[tuple], int, list[tuple], int]:
+        inference = _Inference()
+        dispatcher = Dispatcher(inference, None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        dispatcher.on_message(infer_message(1, {}))
+        dispatcher.on_message(infer_message(2, {"yield": True}))
+        inference.waiting["1"].set_result(None)
+        inference.waiting["2"].set_result(None)
+        tasks_before = len(asyncio.all_tasks())
+        await asyncio.sleep(0)  # one turn: the futures' callbacks run
+        after_one_turn = list(sent.messages)
+        tasks_then = len(asyncio.all_tasks()) - tasks_before
+        while len(sent.messages) < 2:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        return after_one_turn, tasks_then, sent.messages, len(dispatcher.tasks)
+
+    after_one_turn, new_tasks, messages, left = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [(m[0], m[1]) for m in after_one_turn] == [(wire.RESULT, 1)]
+    assert new_tasks == 1  # request 2's, after its bare yield; none for request 1
+    assert [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1), (wire.RESULT, 2)]
+    assert left == 0  # nothing of either request stays behind
 
 
 def test_tensors_the_decoders_make_travel_flat_not_pickled() -> None:

@@ -34,11 +34,17 @@ def tensor_to_wire(array: np.ndarray) -> Tensor:
     return array
 
 
+_DTYPES: dict[str, np.dtype] = {}  # dtype string -> dtype: np.dtype(str) parses it on every call
+
+
 def tensor_from_wire(value: Tensor) -> np.ndarray:
     if isinstance(value, np.ndarray):
-        return value
+        return value  # pickled as it is
     dtype, shape, raw = value
-    return np.frombuffer(raw, dtype).reshape(shape)
+    parsed = _DTYPES.get(dtype)
+    if parsed is None:
+        parsed = _DTYPES[dtype] = np.dtype(dtype)
+    return np.ndarray(shape, parsed, raw)  # (read-only: a view over the bytes object)
 
 
 def request_to_wire(request: InferenceRequest) -> tuple[Any, ...]:
@@ -57,7 +63,8 @@ def request_from_wire(wire: tuple[Any, ...]) -> InferenceRequest:
         [InferInput(name, datatype, shape, None if data is None else tensor_from_wire(data), params or {}, shm)
          for name, datatype, shape, data, params, shm in inputs],
         version, request_id,
-        [RequestedOutput(name, params or {}, classification, shm) for name, params, classification, shm in outputs],
+        [RequestedOutput(name, params or {}, classification, shm) for name, params, classification, shm in outputs]
+        if outputs else [],
         parameters or {}, priority, timeout_us, sequence_id, start, end)
 
 

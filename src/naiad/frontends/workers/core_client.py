@@ -26,10 +26,12 @@ class RelayedStatus(Exception):
 
 
 class CoreClient:
-    """Sends requests to the core over `channel` and routes the answers back to their callers."""
+    """Sends requests to the core over `channel` and routes the answers back to their callers (made in the
+    worker's running event loop)."""
 
     def __init__(self) -> None:
         self.channel: Channel | None = None
+        self._loop = asyncio.get_running_loop()  # kept: asyncio.get_running_loop() costs a getpid() system call
         self._ids = itertools.count(1)
         self._results: dict[int, asyncio.Future[Any]] = {}
         self._relays: dict[int, asyncio.Queue[Any]] = {}
@@ -76,7 +78,7 @@ class CoreClient:
     async def infer(self, request: InferenceRequest, traceparent: str) -> InferenceResponse:
         channel = self._channel()
         request_id = next(self._ids)
-        future: asyncio.Future[InferenceResponse] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[InferenceResponse] = self._loop.create_future()
         channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))  # (UnsendableMessage: the caller relays)
         self._results[request_id] = future
         try:

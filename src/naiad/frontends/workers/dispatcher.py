@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.first_step import run_first_step
+from naiad.frontends.first_step import run_first_step, run_next_step
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.frontends.workers.codec import request_from_wire, response_to_wire
@@ -104,10 +104,26 @@ class Dispatcher:
             self.tasks[request_id] = awaited  # cancelling it cancels the request, as cancelling its task would
 
     def _resume(self, request_id: int, work: Any, context: contextvars.Context) -> None:
+        awaited = self.tasks.pop(request_id, None)
+        if awaited is not None and awaited.done():
+            # What the request waited on is done (its batch, its model's answer): its next step runs in
+            # this callback, and it gets a task only if it waits again after a bare yield (a task and
+            # two turns of the loop fewer per request, as the single server's frontends do).
+            try:
+                awaited = run_next_step(work, context, lambda coro, ctx: self._resume(request_id, coro, ctx))
+            except asyncio.CancelledError:
+                return  # cancelled from elsewhere (shutdown): it ends, as its task would
+            if awaited is not None:
+                self.tasks[request_id] = awaited
+            return
+        # after a bare yield, or cancelled by the worker (CANCEL took its entry): a task goes on
         task = self._loop.create_task(work, context=context)
-        if self.tasks.pop(request_id, None) is not None:  # not cancelled meanwhile (then the task just ends)
-            self.tasks[request_id] = task
-            task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _: self._forget(request_id, task))
+
+    def _forget(self, request_id: int, task: asyncio.Future[Any]) -> None:
+        if self.tasks.get(request_id) is task:
+            del self.tasks[request_id]
 
     def _send(self, message: tuple[Any, ...]) -> None:
         if self.channel is not None:

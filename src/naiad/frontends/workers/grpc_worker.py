@@ -6,7 +6,8 @@ the port with SO_REUSEPORT), with its per-connection budgets and the guard; or, 
 the same handlers (WorkerHandlers).
 
 A ModelInfer whose message decodes cleanly becomes an InferenceRequest sent to the core (the infer
-path of the HTTP workers) and its response is encoded here. Every other call, and a ModelInfer that
+path of the HTTP workers) and its response is encoded here; one laid out like a request seen before
+is decoded from its bytes without being parsed (infer_memo.py, as on the core's own gRPC server). Every other call, and a ModelInfer that
 does not decode (the core answers it in the single server's order: an unknown model is NOT_FOUND
 whatever its tensors), is relayed to the core's own servicer as serialized messages:
 ModelStreamInfer as a two-way stream. The guard (restricted protocols, header forwarding, model
@@ -27,13 +28,13 @@ from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.health import SERVICE as HEALTH_SERVICE
 from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
 from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
-from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE
+from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE, DESERIALIZE_MESSAGE
 from naiad.frontends.grpc.status import error_of, status_of
 from naiad.frontends.security import check_model_name
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient, RelayedStatus
 from naiad.observability.trace_context import find_traceparent
-from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
+from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
 
 log = logging.getLogger("naiad.grpc")
 
@@ -49,10 +50,11 @@ def _serialized(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def _parse_infer(raw: bytes) -> tuple[bytes, pb.ModelInferRequest]:
-    """The ModelInfer message, and the bytes it came in: a request relayed to the core goes as the
-    client sent it (decoding takes the raw tensors out of the message)."""
-    return raw, pb.ModelInferRequest.FromString(raw)
+def _parse_infer(message: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except Exception:
+        raise internal(DESERIALIZE_MESSAGE) from None  # what either gRPC server says of a message it cannot parse
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
@@ -80,7 +82,7 @@ class WorkerHandlers(grpc.GenericRpcHandler):
             path = f"/{_SERVICE.full_name}/{method.name}"
             parse: Callable[[bytes], Any] = getattr(pb, method.input_type.name).FromString
             if path == _MODEL_INFER:
-                handler = grpc.unary_unary_rpc_method_handler(self._model_infer, _parse_infer, _raw)
+                handler = grpc.unary_unary_rpc_method_handler(self._model_infer, _raw, _raw)  # parsed if need be
             elif method.client_streaming or method.server_streaming:
                 handler = grpc.stream_stream_rpc_method_handler(self._streaming(path), parse, _raw)
             else:
@@ -121,17 +123,27 @@ class WorkerHandlers(grpc.GenericRpcHandler):
 
         return relay
 
-    async def _model_infer(self, call: tuple[bytes, pb.ModelInferRequest], context: grpc.aio.ServicerContext) -> bytes:
-        raw, request = call
-        try:
-            check_model_name(request.model_name)
-            decoded = self._decoder.decode(request)
-        except NaiadError:  # the core answers it, in the single server's order
-            return await self._relay_unary(_MODEL_INFER, raw, context)
+    async def _model_infer(self, raw: bytes | bytearray | memoryview, context: grpc.aio.ServicerContext) -> bytes:
+        # the bytes as the client sent them: a request relayed to the core goes so (decoding takes the
+        # raw tensors out of the parsed message), and one laid out like a request seen before is decoded
+        # from them without being parsed (as the core's own gRPC server does)
+        message = raw if type(raw) is bytes else bytes(raw)
+        decoded = self._decoder.decode_serialized(message)  # (its model name was checked when first decoded)
+        if decoded is None:
+            try:
+                request = _parse_infer(message)
+            except NaiadError as exc:
+                await _abort(context, exc)
+                raise AssertionError("context.abort returned") from None  # pragma: no cover - abort always raises
+            try:
+                check_model_name(request.model_name)
+                decoded = self._decoder.decode(request, message)
+            except NaiadError:  # the core answers it, in the single server's order
+                return await self._relay_unary(_MODEL_INFER, message, context)
         try:
             response = await self.core.infer(decoded, find_traceparent(context.invocation_metadata() or ()))
         except UnsendableMessage:  # parameters nested past what pickle carries: the core decodes the message itself
-            return await self._relay_unary(_MODEL_INFER, raw, context)
+            return await self._relay_unary(_MODEL_INFER, message, context)
         except DecoupledModelError:
             await _abort(context, unsupported(DECOUPLED_UNARY_MESSAGE))
             raise AssertionError("context.abort returned") from None  # pragma: no cover - abort always raises

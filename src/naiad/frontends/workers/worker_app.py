@@ -13,7 +13,14 @@ import logging
 from typing import Any
 
 from naiad.config.server_config import ServerConfig
-from naiad.frontends.http.body import Receive, RequestHeaders, body_timeout, decompress_body, read_body
+from naiad.frontends.http.body import (
+    Receive,
+    RequestHeaders,
+    body_at_hand,
+    body_timeout,
+    decompress_body,
+    read_body,
+)
 from naiad.frontends.http.disconnect import until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
@@ -50,18 +57,20 @@ class WorkerApp:
             if match is not None:
                 await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
                 return
-        body = await self._read(scope, receive, send)
+        body = await self._read(scope, receive, send, RequestHeaders.from_scope(scope))
         if body is not None:
             await self._relay_watched(scope, receive, body, send)
 
-    async def _read(self, scope: dict[str, Any], receive: Receive, send: Send) -> bytes | None:
+    async def _read(self, scope: dict[str, Any], receive: Receive, send: Send, headers: RequestHeaders) -> bytes | None:
         """The whole (bounded) body, or None once the error is answered or the client is gone."""
-        headers = RequestHeaders.from_scope(scope)
         if not headers.may_have_body():
             return b""
+        limit = self.config.http_max_input_size
         try:
-            return await read_body(receive, headers, self.config.http_max_input_size,
-                                   body_timeout(scope, self.config.http_body_timeout_secs))
+            body = body_at_hand(scope, receive, headers, limit)  # (all of it arrived: no wait, no receive())
+            if body is not None:
+                return body
+            return await read_body(receive, headers, limit, body_timeout(scope, self.config.http_body_timeout_secs))
         except ClientDisconnected:
             return None
         except (NaiadError, HttpError) as exc:
@@ -93,7 +102,7 @@ class WorkerApp:
 
     async def _infer(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
         headers = RequestHeaders.from_scope(scope)
-        body = await self._read(scope, receive, send)
+        body = await self._read(scope, receive, send, headers)
         if body is None:
             return
         try:
@@ -130,4 +139,5 @@ class WorkerApp:
             log.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        await send_infer_answer(send, payload, json_length, headers.accept_encoding)
+        await send_infer_answer(send, payload, json_length, headers.accept_encoding,
+                                scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)

@@ -1,0 +1,85 @@
+"""A frontend worker's HTTP app on Naiad's own connection: the infer fast paths of the single server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+
+from naiad.config.server_config import ServerConfig
+from naiad.frontends.http.connection import Exchange, HttpConnection
+from naiad.frontends.workers import wire
+from naiad.frontends.workers.codec import request_from_wire, response_to_wire
+from naiad.frontends.workers.core_client import CoreClient
+from naiad.frontends.workers.worker_app import WorkerApp
+from naiad.protocol.types import InferenceResponse, OutputTensor
+
+
+class _Core:
+    """The core's end of the channel: answers each infer request one turn of the loop later (x + 1)."""
+
+    def __init__(self, client: CoreClient) -> None:
+        self.client = client
+        self.is_open = True
+
+    def send(self, message: tuple) -> None:
+        assert message[0] == wire.INFER
+        request = request_from_wire(message[2])
+        data = request.inputs[0].data
+        assert data is not None
+        data = data + 1
+        answer = response_to_wire(InferenceResponse(request.model_name, "1", [OutputTensor("Y", "FP32", data.shape, data)]))
+        asyncio.get_running_loop().call_soon(self.client.on_message, (wire.RESULT, message[1], answer))
+
+
+def _connection(app: WorkerApp, written: list[bytes]) -> HttpConnection:
+    transport = type("Transport", (), {
+        "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
+        "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
+    })()
+    config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
+    state = type("State", (), {"connections": set(), "tasks": set(), "default_headers": [], "total_requests": 0})()
+    conn = HttpConnection(config, state, {}, asyncio.get_running_loop())
+    conn.connection_made(transport)
+    return conn
+
+
+def test_an_infer_takes_the_body_at_hand_and_writes_its_answer_in_one_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the single server's infer handler: a body that has wholly arrived is taken without a receive(),
+    and the answer goes out through the connection's whole-answer writer, one write."""
+    calls: dict[str, int] = {"receive": 0, "write_response": 0}
+    receive, write_response = Exchange.receive, Exchange.write_response
+
+    async def counted_receive(self: Exchange) -> dict[str, Any]:
+        calls["receive"] += 1
+        return await receive(self)
+
+    def counted_write_response(self: Exchange, *args: Any) -> bool:
+        calls["write_response"] += 1
+        return write_response(self, *args)
+
+    monkeypatch.setattr(Exchange, "receive", counted_receive)
+    monkeypatch.setattr(Exchange, "write_response", counted_write_response)
+    body = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+    request = b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def scenario() -> list[bytes]:
+        core = CoreClient()
+        core.channel = _Core(core)  # type: ignore[assignment]
+        written: list[bytes] = []
+        conn = _connection(WorkerApp(ServerConfig(), core), written)
+        conn.data_received(request)
+        while not written:
+            await asyncio.sleep(0.01)
+        conn.connection_lost(None)
+        return written
+
+    written = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert len(written) == 1 and written[0].startswith(b"HTTP/1.1 200 OK\r\n")
+    answer = json.loads(written[0].split(b"\r\n\r\n", 1)[1])
+    assert answer["outputs"][0]["name"] == "Y"
+    np.testing.assert_array_equal(answer["outputs"][0]["data"], [2, 3])
+    assert calls == {"receive": 0, "write_response": 1}
