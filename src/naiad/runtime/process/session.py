@@ -95,6 +95,16 @@ class _Protocol(asyncio.Protocol):
         self._session.on_lost()
 
 
+class _WriteEnd(asyncio.BaseProtocol):
+    """The pipe to the worker: it closes when the worker is gone."""
+
+    def __init__(self, session: WorkerSession) -> None:
+        self._session = session
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.on_lost()
+
+
 class WorkerSession:
     """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
 
@@ -123,7 +133,8 @@ class WorkerSession:
         self._health_calls: dict[int, asyncio.Future[bool]] = {}
         self._next_health = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._transport: asyncio.Transport | None = None
+        self._reading: asyncio.ReadTransport | None = None
+        self._transport: asyncio.WriteTransport | None = None  # sends to the worker
         self._started: asyncio.Future[Any] | None = None
         self._exited = asyncio.Event()
         self.alive = False
@@ -141,13 +152,15 @@ class WorkerSession:
         loop = self._loop
         self._started = loop.create_future()
         self.outputs = OutputReader(self.peers, self.release_peer, loop)
-        process, sock = spawn(self._launch)
+        process, read_fd, write_fd = spawn(self._launch)
         self._process = process
         self.pid = process.pid
         self.alive = True
         self._watch_exit(loop, process)
-        transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
-        self._transport = transport
+        # A pipe each way (see framing.BlockingChannel); the transports own and close the descriptors.
+        reading, writing = open(read_fd, "rb", buffering=0), open(write_fd, "wb", buffering=0)
+        self._reading, _ = await loop.connect_read_pipe(lambda: _Protocol(self), reading)
+        self._transport, _ = await loop.connect_write_pipe(lambda: _WriteEnd(self), writing)
         self._init["prefix"] = self._worker_prefix
         try:
             self._init["prewarmed"] = self.pool.prewarm()
@@ -220,8 +233,9 @@ class WorkerSession:
         self.alive = False
         if not self.closing:
             self.kill()
-        if self._transport is not None:
-            self._transport.close()
+        for transport in (self._reading, self._transport):
+            if transport is not None:
+                transport.close()
         message = f"Stub process '{self.name}' is not healthy."
         if self._started is not None and not self._started.done():
             code = self._process.poll() if self._process is not None else None
