@@ -90,14 +90,18 @@ class BlockingChannel:
 
     def receive(self) -> Any:
         """The next message; raises EOFError when the peer closed the channel."""
-        while not self._pending:
+        pending = self._pending
+        while not pending:
             if self._readable is not None and not self._readable.poll(self._timeout_ms):
                 raise TimeoutError("no message from the peer in time")
             count = os.readv(self._read_fd, self._buffers)
             if not count:
                 raise EOFError("connection closed")
-            self._pending.extend(self._decoder.feed(self._view[:count]))
-        return self._pending.pop(0)
+            messages = self._decoder.feed(self._view[:count])
+            if len(messages) == 1:  # the usual read: one whole message, nothing to queue
+                return messages[0]
+            pending.extend(messages)
+        return pending.pop(0)
 
     def close(self) -> None:
         for fd in (self._read_fd, self._write_fd):

@@ -173,11 +173,6 @@ class WorkerSession:
             self.peers.view(self.info["prewarmed"])
         return self.info
 
-    @property
-    def _reader(self) -> OutputReader:
-        assert self.outputs is not None, "messages arrive only after start()"
-        return self.outputs
-
     def _watch_exit(self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> None:
         """Notice the process ending even if something else holds the socket open (pidfd, else a thread)."""
         pidfd_open = getattr(os, "pidfd_open", None)
@@ -369,7 +364,8 @@ class WorkerSession:
 
     def _on_done(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, responses, error, rescheduled, timing = message
-        reader = self._reader
+        reader = self.outputs
+        assert reader is not None, "messages arrive only after start()"
         batch = self._batches.get(batch_id)
         if batch is None:
             reader.done_with(block)
@@ -393,7 +389,9 @@ class WorkerSession:
                                                    counts_as_failure=False, execution_ns=timing))
                 else:
                     outputs = reader.read(block, metas)
-                    respond(index, BackendResponse(outputs, _parameters(parameters), None, True, True, timing))
+                    # "{}", the usual parameters, without a call
+                    extra = {} if parameters == "{}" else _parameters(parameters)
+                    respond(index, BackendResponse(outputs, extra, None, True, True, timing))
         if block:
             reader.done_with(block)
         batch.done = True
@@ -419,9 +417,11 @@ class WorkerSession:
 
     def _on_response(self, message: tuple[Any, ...]) -> None:
         _, batch_id, index, block, metas, parameters, err, final = message
+        reader = self.outputs
+        assert reader is not None, "messages arrive only after start()"
         batch = self._batches.get(batch_id)
         if batch is None or index not in batch.open:
-            self._reader.done_with(block)
+            reader.done_with(block)
             return
         response: BackendResponse | None
         if err is not None:
@@ -429,8 +429,8 @@ class WorkerSession:
         elif metas is None:
             response = BackendResponse(None, final=True) if final else None
         else:
-            response = BackendResponse(self._reader.read(block, metas), _parameters(parameters), None, final)
-        self._reader.done_with(block)
+            response = BackendResponse(reader.read(block, metas), _parameters(parameters), None, final)
+        reader.done_with(block)
         if final:
             batch.open.discard(index)
         if response is not None:
