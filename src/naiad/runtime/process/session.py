@@ -174,7 +174,7 @@ class WorkerSession:
         return self.info
 
     def _watch_exit(self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> None:
-        """Notice the process ending even if something else holds the socket open (pidfd, else a thread)."""
+        """Notice the process ending even if something else holds its pipes open (pidfd, else a thread)."""
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is not None:
             try:
