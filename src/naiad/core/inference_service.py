@@ -39,6 +39,8 @@ class InferenceService:
         self._tracer = tracer
         self._cache = response_cache
         self._shm = shared_memory
+        # Requests mark their model in use only where that can keep it from eviction.
+        self._residency = models.residency if models.residency.active else None
 
     # ------------------------------------------------------------ one request, one response
 
@@ -52,16 +54,19 @@ class InferenceService:
         state = self._state
         if state.exiting or not state.live:
             raise unavailable("Server not ready")
-        model = _current(resolved, request)
+        model = None if resolved is None else _current(resolved, request)
         if model is None:
-            model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
+            try:
+                model = self._models.lookup(request.model_name, request.model_version)
+            except NaiadError as exc:
+                model = await self._load_on_demand(exc, request.model_name, request.model_version, request.timeout_us)
         if model.decoupled:
             raise DecoupledModelError(model.name)
-        item = validate_request(model, request, self._shm)
-        item.request = request
+        item = validate_request(model, request, self._shm, state.loop)
         start = item.enqueue_ns  # taken as the work item was made, just now: no second clock read
-        if self._tracer.active:
-            trace = start_trace(self._tracer, model, request, start)
+        tracer = self._tracer
+        if not tracer.off and tracer.active:
+            trace = start_trace(tracer, model, request, start)
             if trace is not None:
                 response = None
                 try:
@@ -128,8 +133,7 @@ class InferenceService:
         model = _current(resolved, request)
         if model is None:
             model = await self._serving_version(request.model_name, request.model_version, request.timeout_us)
-        item = validate_request(model, request, self._shm)
-        item.request = request
+        item = validate_request(model, request, self._shm, self._state.loop)
         item.stream = asyncio.Queue()
         start = time.perf_counter_ns()
         self._begin_request(model.name)
@@ -196,14 +200,16 @@ class InferenceService:
     async def _serving_version(self, name: str, version: str, timeout_us: int) -> ModelVersion:
         """The version to run; with --load-on-demand an unloaded repository model is loaded first
         (waiting at most `timeout_us`, 0: as long as the load takes)."""
-        models = self._models
         try:
-            return models.lookup(name, version)
+            return self._models.lookup(name, version)
         except NaiadError as exc:
-            if not (self._config.load_on_demand and exc.code is ErrorCode.NOT_FOUND):
-                raise
-            if name not in models.scan()[0]:
-                raise
+            return await self._load_on_demand(exc, name, version, timeout_us)
+
+    async def _load_on_demand(self, exc: NaiadError, name: str, version: str, timeout_us: int) -> ModelVersion:
+        """What _serving_version does once the lookup failed with `exc`: load the model, or raise `exc`."""
+        models = self._models
+        if not (self._config.load_on_demand and exc.code is ErrorCode.NOT_FOUND and name in models.scan()[0]):
+            raise exc
         # The load is a task of its own: a request that times out (or is cancelled) stops waiting
         # for it, but must not cancel a load other requests and the repository index depend on.
         # The hold keeps eviction off the model until this request runs on it (no await between).
@@ -227,10 +233,12 @@ class InferenceService:
 
     def _begin_request(self, model_name: str) -> None:
         self._state.inflight += 1
-        self._models.residency.begin_use(model_name)
+        if self._residency is not None:
+            self._residency.begin_use(model_name)
 
     def _end_request(self, model_name: str) -> None:
-        self._models.residency.end_use(model_name)
+        if self._residency is not None:
+            self._residency.end_use(model_name)
         self._state.request_done()
 
 

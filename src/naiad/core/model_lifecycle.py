@@ -141,7 +141,8 @@ class ModelLifecycle:
 
     def lookup(self, name: str, version: str = "") -> ModelVersion:
         """The version serving a request: the given one, else the highest READY one."""
-        number = parse_model_version(version)  # like Triton, a bad version string fails before the name
+        # like Triton, a bad version string fails before the name; "" (the usual request) needs no parsing
+        number = parse_model_version(version) if version else None
         record = self.records.get(name)
         if record is None or not record.versions:
             raise not_found(f"Request for unknown model: '{name}' is not found")

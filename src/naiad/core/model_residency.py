@@ -70,10 +70,8 @@ class ResidencyManager:
         self.loads = 0
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
-
-    @property
-    def active(self) -> bool:
-        return self.budget_bytes is not None or self.idle_unload_secs is not None
+        # Whether anything is ever evicted: only then does a request's begin_use/end_use matter.
+        self.active = budget_bytes is not None or idle_unload_secs is not None
 
     def start(self) -> None:
         if self.active and self._task is None:
@@ -112,10 +110,10 @@ class ResidencyManager:
             self._holds.pop(name, None)
 
     def begin_use(self, name: str) -> None:
+        # last_used is only read for residents with nothing in flight: end_use sets it, not this
         resident = self.residents.get(name)
         if resident is not None:
             resident.in_flight += 1
-            resident.last_used = time.monotonic()
 
     def end_use(self, name: str) -> None:
         resident = self.residents.get(name)

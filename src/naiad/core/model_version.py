@@ -110,6 +110,8 @@ class ModelVersion:
         self.output_metadata = tuple(TensorMetadata(t.name, t.datatype, batch + t.dims) for t in self.outputs.values())
         # The shape each input must match (-1: any size), looked up once per input of each request.
         self.input_shapes = {t.name: batch + t.dims for t in self.inputs.values()}
+        # Request shapes each input accepted (dims and batch limits checked), filled by request validation.
+        self.accepted_shapes: dict[str, set[tuple[int, ...]]] = {name: set() for name in self.inputs}
         # Set (on the loop) the moment routing stops sending requests here: unloaded, replaced or evicted.
         self.retired = False
         self._model_dir = model_dir

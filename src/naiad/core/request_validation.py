@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 
 import numpy as np
@@ -11,6 +12,9 @@ from naiad.protocol.errors import invalid_arg, request_prefix, unsupported
 from naiad.protocol.types import InferenceRequest, InferInput
 from naiad.runtime.shared_memory import DISABLED_MESSAGE, SystemSharedMemoryRegistry
 from naiad.scheduling.base import WorkItem
+
+# At most this many distinct shapes are remembered per input as valid (a bound on what clients can make it hold).
+REMEMBERED_SHAPES = 64
 
 _BATCH_NOTE = (
     "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended "
@@ -76,19 +80,44 @@ def _read_shared(inp: InferInput, shared_memory: SystemSharedMemoryRegistry | No
     return shared_memory.read_tensor(inp.shared_memory, inp.datatype, inp.shape, inp.name)
 
 
+def _check_shape(model: ModelVersion, request: InferenceRequest, input_name: str, shape: tuple[int, ...]) -> None:
+    """Raise INVALID_ARG with Triton's message unless `shape` fits the input's dims and the batch limits;
+    a shape that fits is remembered (`ModelVersion.accepted_shapes`): the next request with it skips these checks."""
+    expected = model.input_shapes[input_name]
+    batched = model.max_batch_size > 0
+    if not _shape_matches(expected, shape):
+        note = _BATCH_NOTE if batched else ""
+        raise invalid_arg(
+            f"{request_prefix(request.id)}unexpected shape for input '{input_name}' for model '{model.name}'. Expected "
+            f"{_fmt(expected)}, got {_fmt(shape)}. {note}"
+        )
+    if batched:
+        if shape[0] > model.max_batch_size:
+            raise invalid_arg(
+                f"{request_prefix(request.id)}inference request batch-size must be <= {model.max_batch_size} for '{model.name}'"
+            )
+        if shape[0] < 1:
+            raise invalid_arg(f"{request_prefix(request.id)}inference request batch-size must be >= 1 for '{model.name}'")
+    accepted = model.accepted_shapes[input_name]
+    if len(accepted) < REMEMBERED_SHAPES:
+        accepted.add(shape)
+
+
 def validate_request(
-    model: ModelVersion, request: InferenceRequest, shared_memory: SystemSharedMemoryRegistry | None = None
+    model: ModelVersion, request: InferenceRequest, shared_memory: SystemSharedMemoryRegistry | None = None,
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> WorkItem:
     """Return the WorkItem for a valid request, or raise INVALID_ARG with Triton's message.
 
     Inputs sent by shared-memory reference are read from `shared_memory` here (and kept in
-    `InferInput.data`, for the response cache and traces)."""
+    `InferInput.data`, for the response cache and traces). The item's future is made on `loop`
+    (the server's; by default the running one)."""
     name = model.name
     batched = model.max_batch_size > 0
     specs = model.inputs
     if not model.required_inputs <= len(request.inputs) <= len(specs):
         _check_input_count(model, request, request_prefix(request.id))
-    shapes = model.input_shapes
+    accepted = model.accepted_shapes
     inputs: dict[str, np.ndarray] = {}
     batch_size = 1
     for inp in request.inputs:
@@ -106,21 +135,10 @@ def validate_request(
                 f"'{name}' expects '{spec.datatype}'"
             )
         shape = tuple(inp.shape)
-        expected = shapes[inp.name]
-        if not _shape_matches(expected, shape):
-            note = _BATCH_NOTE if batched else ""
-            raise invalid_arg(
-                f"{request_prefix(request.id)}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
-                f"{_fmt(expected)}, got {_fmt(shape)}. {note}"
-            )
+        if shape not in accepted[inp.name]:  # a set lookup, for the shapes this input took before
+            _check_shape(model, request, inp.name, shape)
         if batched:
             rows = shape[0]
-            if rows > model.max_batch_size:
-                raise invalid_arg(
-                    f"{request_prefix(request.id)}inference request batch-size must be <= {model.max_batch_size} for '{name}'"
-                )
-            if rows < 1:
-                raise invalid_arg(f"{request_prefix(request.id)}inference request batch-size must be >= 1 for '{name}'")
             if inputs and rows != batch_size:
                 raise invalid_arg(
                     f"{request_prefix(request.id)}input '{inp.name}' batch size does not match other inputs for '{name}'"
@@ -136,4 +154,5 @@ def validate_request(
         output_names = [n for n in model.outputs if n in wanted]  # responses follow the model's output order
     else:
         output_names = list(model.outputs)
-    return WorkItem(inputs, output_names, batch_size)
+    future = (asyncio.get_running_loop() if loop is None else loop).create_future()
+    return WorkItem(inputs, output_names, batch_size, request, None, future)  # positional: a faster __init__

@@ -89,7 +89,7 @@ def build_response(
                 else:
                     array, datatype = _typed(array, spec, batched)
                 outputs.append(OutputTensor(name, datatype, array.shape, array, {}))
-        return InferenceResponse(model.name, model.version_str, outputs, id=request.id)
+        return InferenceResponse(model.name, model.version_str, outputs, request.id, {})  # positional: a faster __init__
     for wanted in _requested(request, model):
         spec = model.outputs[wanted.name]
         if wanted.name not in arrays:

@@ -92,9 +92,12 @@ class Server:
     # ------------------------------------------------------------ lifecycle (async)
 
     async def startup(self) -> None:
-        """Load models per the control mode. Raises if a model failed and exit_on_error is set."""
+        """Load models per the control mode. Raises if a model failed and exit_on_error is set.
+
+        Requests are served on the event loop this runs on."""
+        self.state.loop = asyncio.get_running_loop()
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.models.catalog.check)
+            await self.state.loop.run_in_executor(None, self.models.catalog.check)
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
         mode = self.config.model_control_mode

@@ -12,6 +12,9 @@ class ServingState:
 
     def __init__(self) -> None:
         self.live = False  # startup finished, shutdown not finished
+        # The event loop the server serves on, set as start-up begins: requests make their futures
+        # on it, where asking for the running loop costs a system call each time (getpid, Python 3.11).
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.exiting = False  # shutdown began: new requests are refused
         self.inflight = 0
         # Futures of wait_idle() callers, resolved when inflight drops to 0 (request_done): nothing per

@@ -41,7 +41,7 @@ def run_next_step(coroutine: Coroutine[Any, Any, Any], context: contextvars.Cont
         awaited = context.run(coroutine.send, None)
     except StopIteration:
         return None
-    if asyncio.isfuture(awaited):
+    if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):  # (the usual future told apart without a call)
         _hand_over(awaited)
         awaited.add_done_callback(lambda _: resume(coroutine, context))
         return awaited

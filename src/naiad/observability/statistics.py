@@ -25,12 +25,23 @@ class _Duration:
 
 
 class _BatchStats:
-    __slots__ = ("compute_input", "compute_infer", "compute_output")
+    """The executions of one batch size: each adds one to the count of all three compute durations."""
+
+    __slots__ = ("count", "input_ns", "infer_ns", "output_ns")
 
     def __init__(self) -> None:
-        self.compute_input = _Duration()
-        self.compute_infer = _Duration()
-        self.compute_output = _Duration()
+        self.count = 0
+        self.input_ns = 0
+        self.infer_ns = 0
+        self.output_ns = 0
+
+    def as_dict(self, size: int) -> dict:
+        return {
+            "batch_size": size,
+            "compute_input": {"count": self.count, "ns": self.input_ns},
+            "compute_infer": {"count": self.count, "ns": self.infer_ns},
+            "compute_output": {"count": self.count, "ns": self.output_ns},
+        }
 
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -77,7 +88,7 @@ class ModelStatistics:
             else:
                 self._fail.add(duration_ns)
                 self.failures[reason if reason in self.failures else "OTHER"] += 1
-            self.last_inference_ms = int(time.time() * 1000)
+            self.last_inference_ms = time.time_ns() // 1_000_000
         if self.summaries is not None and success:
             self.summaries.observe("request", duration_ns)
             if queue_ns is not None:
@@ -95,7 +106,7 @@ class ModelStatistics:
             success.ns += duration_ns
             queue.count += 1
             queue.ns += queue_ns
-            self.last_inference_ms = int(time.time() * 1000)
+            self.last_inference_ms = time.time_ns() // 1_000_000
         if self.summaries is not None:
             self.summaries.observe("request", duration_ns)
             self.summaries.observe("queue", queue_ns)
@@ -127,7 +138,7 @@ class ModelStatistics:
     def batch_sizes(self) -> dict[int, int]:
         """Executions per batch size."""
         with self._lock:
-            return {size: b.compute_infer.count for size, b in self._batches.items()}
+            return {size: b.count for size, b in self._batches.items()}
 
     def record_cache(self, hit: bool, ns: int) -> None:
         with self._lock:
@@ -151,12 +162,10 @@ class ModelStatistics:
             batch = self._batches.get(batch_size)
             if batch is None:
                 batch = self._batches[batch_size] = _BatchStats()
-            batch.compute_input.count += 1
-            batch.compute_input.ns += input_ns
-            batch.compute_infer.count += 1
-            batch.compute_infer.ns += infer_ns
-            batch.compute_output.count += 1
-            batch.compute_output.ns += output_ns
+            batch.count += 1
+            batch.input_ns += input_ns
+            batch.infer_ns += infer_ns
+            batch.output_ns += output_ns
         if self.summaries is not None:
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns), ("compute_output", output_ns)):
                 self.summaries.observe(key, ns, request_count)
@@ -171,14 +180,6 @@ class ModelStatistics:
                 "execution_count": self.execution_count,
                 "inference_stats": {key: d.as_dict() for key, d in self._inference.items()},
                 "response_stats": {},
-                "batch_stats": [
-                    {
-                        "batch_size": size,
-                        "compute_input": b.compute_input.as_dict(),
-                        "compute_infer": b.compute_infer.as_dict(),
-                        "compute_output": b.compute_output.as_dict(),
-                    }
-                    for size, b in sorted(self._batches.items())
-                ],
+                "batch_stats": [b.as_dict(size) for size, b in sorted(self._batches.items())],
                 "memory_usage": [],
             }

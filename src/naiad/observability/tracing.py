@@ -123,8 +123,9 @@ class Tracer:
         self._completed = 0
         self._file_index = 0
         # No request can be traced until the settings change: a trace count only runs down, so
-        # settings that trace nothing stay so until update(). Spares the per-request check.
-        self._off = self._traces_nothing()
+        # settings that trace nothing stay so until update(). An attribute, read before `active`
+        # per request: what a request pays while tracing is off.
+        self.off = self._traces_nothing()
 
     def _traces_nothing(self) -> bool:
         return self.otel is None and not self.global_config.enabled and not self.has_overrides
@@ -140,7 +141,7 @@ class Tracer:
         try:
             return self._update(model, changes)
         finally:
-            self._off = self._traces_nothing()
+            self.off = self._traces_nothing()
 
     def _update(self, model: str, changes: dict) -> dict:
         with self._lock:
@@ -183,7 +184,7 @@ class Tracer:
     @property
     def active(self) -> bool:
         """Whether any request may be traced now (checked per request, so kept cheap when off)."""
-        return not self._off and (self.otel is not None or self.global_config.enabled or self.has_overrides)
+        return not self.off and (self.otel is not None or self.global_config.enabled or self.has_overrides)
 
     def sample(self, model: str, version: str, request_id: str, parent: Trace | None = None) -> Trace | None:
         """A Triton-mode trace for this request: always when the request that made it is traced

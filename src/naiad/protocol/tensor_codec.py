@@ -38,6 +38,8 @@ def parse_shape(raw: Any, input_name: str) -> tuple[int, ...]:
     if not isinstance(raw, (list, tuple)):
         raise invalid_arg(f"shape of input '{input_name}' must be an array of non-negative integers")
     for dim in raw:
+        if type(dim) is int and dim >= 0:
+            continue  # the usual dimension, told apart in one test (a bool's type is not int)
         if isinstance(dim, bool) or not isinstance(dim, int) or dim < 0:
             raise invalid_arg(
                 f"shape of input '{input_name}' must contain only non-negative integers, got {json_preview(list(raw))}"
@@ -180,6 +182,19 @@ _KIND_OK = {
 
 def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str) -> np.ndarray:
     """Decode a JSON `data` field (flat or nested, row-major) into an array of `shape`."""
+    code = _FLOAT_CODES.get(datatype)
+    if code is not None and type(data) is list and data and type(data[0]) is float:
+        # The usual float input, a flat list led by a float: the array module packs it in one pass,
+        # with numpy's values (each number as a double, then rounded to the type; past FP32's range,
+        # +-inf), where numpy would first build a float64 array; the array is made over its buffer.
+        # Anything it refuses (a nested list, a string, ...) takes the general path below.
+        try:
+            packed = array.array(code, data)
+        except (TypeError, OverflowError):
+            pass
+        else:
+            if len(packed) == math.prod(shape):
+                return np.ndarray(shape, NUMPY_DTYPES[datatype], packed)
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input"
@@ -198,12 +213,12 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
             f"(expected {expected} elements, got {len(flat)})"
         )
     if datatype == "BYTES":
-        array = np.empty(len(flat), dtype=np.object_)
+        strings = np.empty(len(flat), dtype=np.object_)
         for i, item in enumerate(flat):
             if not isinstance(item, str):
                 raise invalid_arg(f"unable to parse 'data' of input '{name}': expected string elements for BYTES")
-            array[i] = item.encode("utf-8")
-        return array.reshape(shape)
+            strings[i] = item.encode("utf-8")
+        return strings.reshape(shape)
     return _numbers_from_json(flat, datatype, name).reshape(shape)
 
 
@@ -214,18 +229,6 @@ def _regular_numbers(data: list[Any], datatype: str, shape: tuple[int, ...], nam
     Checking each element in Python first cost more than numpy's whole conversion."""
     if not data:
         return None
-    code = _FLOAT_CODES.get(datatype)
-    if code is not None and type(data[0]) is float:
-        # A flat list of JSON numbers, led by a float: the array module packs it in one pass,
-        # with numpy's values (each number as a double, then rounded to the type; past FP32's range,
-        # +-inf), where numpy would first build a float64 array. Anything else it refuses goes below.
-        try:
-            packed = array.array(code, data)
-        except (TypeError, OverflowError):
-            pass
-        else:
-            if len(packed) == math.prod(shape):
-                return np.frombuffer(packed, NUMPY_DTYPES[datatype]).reshape(shape)
     try:
         parsed = np.asarray(data)
     except (ValueError, TypeError, OverflowError):

@@ -106,28 +106,39 @@ class InstancePool:
             id(inst): RemovableQueue() for inst in instances
         }
         self._executions: set[asyncio.Future[None]] = set()  # executions the pool waits for before closing
+        # Callers in _waiters, and in any queue: counted, so that acquiring and releasing while nobody
+        # waits (every request at low concurrency) looks into no queue.
+        self._waiting_any = 0
+        self._waiting = 0
 
     async def acquire(self, instance: PoolInstance | None = None) -> PoolInstance:
         """An idle instance (that one, when given), waiting for it as long as needed."""
         granted = self.try_acquire(instance)
         if granted is not None:
             return granted
-        waiters = self._waiters if instance is None else self._wanted[id(instance)]
+        anyone = instance is None
+        waiters = self._waiters if anyone else self._wanted[id(instance)]
         future: asyncio.Future[PoolInstance] = asyncio.get_running_loop().create_future()
         waiters.append(future)
+        self._count_waiter(anyone, 1)
         try:
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 self.release(future.result())  # granted, but the caller went away
-            else:
-                waiters.discard(future)
+            elif waiters.discard(future):
+                self._count_waiter(anyone, -1)
             raise
+
+    def _count_waiter(self, anyone: bool, change: int) -> None:
+        self._waiting += change
+        if anyone:
+            self._waiting_any += change
 
     def try_acquire(self, instance: PoolInstance | None = None) -> PoolInstance | None:
         """An idle instance (that one, when given) right now, or None; earlier waiters go first."""
         if instance is None:
-            if self._waiters or not self._idle:
+            if self._waiting_any or not self._idle:
                 return None
             return self._idle.popleft()
         if self._wanted[id(instance)] or instance not in self._idle:
@@ -136,12 +147,14 @@ class InstancePool:
         return instance
 
     def release(self, instance: PoolInstance) -> None:
-        for waiters in (self._wanted.get(id(instance)), self._waiters):
-            while waiters:
-                future = waiters.popleft()
-                if not future.done():  # a cancelled caller may not have withdrawn yet
-                    future.set_result(instance)
-                    return
+        if self._waiting:
+            for waiters, anyone in ((self._wanted.get(id(instance)), False), (self._waiters, True)):
+                while waiters:
+                    future = waiters.popleft()
+                    self._count_waiter(anyone, -1)
+                    if not future.done():  # a cancelled caller may not have withdrawn yet
+                        future.set_result(instance)
+                        return
         self._idle.append(instance)
 
     def run(self, instance: PoolInstance, execution: Coroutine[Any, Any, None]) -> asyncio.Task[None]:

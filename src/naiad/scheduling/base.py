@@ -126,10 +126,10 @@ async def run_batch(pool: InstancePool, instance: PoolInstance, items: list[Work
     if not instance.tracks_unfinished:
         await asyncio.shield(pool.run(instance, execute_batch(instance, items, batching, stats, inline)))
         return
-    start = time.perf_counter_ns()
     try:
         await execute_batch(instance, items, batching, stats, inline)
     except asyncio.CancelledError:
+        start = items[0].dispatch_ns or time.perf_counter_ns()  # the execution's start (set before its first await)
         unfinished = instance.take_unfinished()
 
         def count() -> None:  # the execution ran to its end: an execution like any other

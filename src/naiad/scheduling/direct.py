@@ -28,12 +28,13 @@ class DirectScheduler:
         self._inflight = 0
         self._waiting = 0
         self._rescheduled: set[asyncio.Task[None]] = set()
+        self._run_again: Callable[[WorkItem], None] = self._reschedule  # bound once, not per request
         self._queued_at_instances: list[Callable[[], int]] = [
             inst.queued for inst in pool.instances
         ]
 
     def enqueue(self, item: WorkItem) -> Coroutine[Any, Any, BackendResponse]:
-        item.reschedule = self._reschedule
+        item.reschedule = self._run_again
         return self.run_on(None, item)  # its coroutine, awaited by the caller: no extra frame per request
 
     async def run_on(self, instance: PoolInstance | None, item: WorkItem) -> BackendResponse:

@@ -55,17 +55,18 @@ class DynamicBatcher:
     # ------------------------------------------------------------ admission
 
     async def enqueue(self, item: WorkItem) -> BackendResponse:
+        # First, as nothing is queued then (no queue can be full, no queue timeout applies): the zero-delay policy.
+        if self._at_once and self.pending() == 0:
+            instance = self._pool.try_acquire()
+            if instance is not None:
+                self._close("idle_instance")
+                return await self._direct.run_on(instance, item)
         request = item.request
         level = self._levels[level_index(request.priority if request else 0, len(self._levels), self._default_level)]
         policy = level.policy
         if policy.max_queue_size and level.size() >= policy.max_queue_size:
             raise unavailable(QUEUE_FULL_MESSAGE)
         timeout_us = policy.timeout_us(request.timeout_us if request else 0)
-        if self._at_once and self.pending() == 0:
-            instance = self._pool.try_acquire()
-            if instance is not None:
-                self._close("idle_instance")
-                return await self._direct.run_on(instance, item)
         timer = None
         if timeout_us:
             timer = self._timer.call_later_ns(timeout_us * 1000, self._expire, item, level)

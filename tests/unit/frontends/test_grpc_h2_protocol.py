@@ -20,6 +20,8 @@ import tritonclient.grpc as grpcclient
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc import h2_wire as w
+from naiad.frontends.grpc.guard import Guard
+from naiad.frontends.grpc.h2_server import H2GrpcServer
 from naiad.frontends.grpc.server import GrpcFrontend
 from tests.unit.frontends.test_grpc_servicer import FakeServer
 
@@ -409,3 +411,28 @@ def test_wire_helpers() -> None:
     again = encoder.encode([(":path", "/a/B"), ("x-key", "v")])  # now indexed-only: remembered
     first = decoder.decode(again)
     assert first.metadata == (("x-key", "v"),) and decoder.decode(again) is first
+
+
+def test_the_guard_is_applied_once_per_registered_method_unless_a_call_may_be_restricted() -> None:
+    async def method(request: bytes, context: object) -> bytes:
+        return request
+
+    async def scenario(restricted: list[str]) -> tuple[list[str], list[Any]]:
+        guard = Guard(restricted, "")
+        applied: list[str] = []
+        apply = guard.apply
+        guard.apply = lambda path, handler, metadata: (applied.append(path), apply(path, handler, metadata))[1]  # type: ignore[method-assign]
+        server = H2GrpcServer(guard=guard)
+        try:
+            server.add_registered_method_handlers("inference.GRPCInferenceService",
+                                                  {"ModelInfer": grpc.unary_unary_rpc_method_handler(method)})
+            calls = [(), (("triton-grpc-protocol-key", "v"),), ()]
+            return applied, [server.handler(INFER, metadata) for metadata in calls]
+        finally:
+            server.inflater.close()
+
+    applied, handlers = asyncio.run(scenario([]))
+    assert applied == [INFER] and handlers[0] is handlers[1] is handlers[2]
+    applied, handlers = asyncio.run(scenario(["inference:key=v"]))  # the header decides, call by call
+    assert applied == [INFER] * 3
+    assert handlers[0] is not handlers[1] and handlers[1].unary_unary is method

@@ -101,6 +101,56 @@ def test_memo_stays_bounded() -> None:
     assert len(decoder._memo) <= MEMO_LIMIT
 
 
+def test_a_serialized_request_seen_before_is_decoded_from_its_bytes() -> None:
+    decoder = InferDecoder(allow_shared_memory=False)
+    rng = np.random.default_rng(2)
+    first = _request(np.zeros((1, 16), np.float32), np.zeros((1, 16), np.float32))
+    message = first.SerializeToString()
+    assert decoder.decode_serialized(message) is None  # nothing seen yet
+    decoder.decode(pb.ModelInferRequest.FromString(message), message)
+    for _ in range(3):
+        a, b = rng.standard_normal((1, 16), np.float32), rng.standard_normal((1, 16), np.float32)
+        request = _request(a, b)
+        decoded = decoder.decode_serialized(request.SerializeToString())
+        assert decoded is not None
+        _same(decoded, decode_infer_request(request, False))
+        np.testing.assert_array_equal(decoded.inputs[0].data, a)
+        np.testing.assert_array_equal(decoded.inputs[1].data, b)
+        assert all(tensor.data.flags.aligned for tensor in decoded.inputs)
+
+
+def test_serialized_requests_unlike_the_remembered_ones_are_parsed() -> None:
+    decoder = InferDecoder(allow_shared_memory=False)
+    a = np.zeros((1, 16), np.float32)
+    message = _request(a, a).SerializeToString()
+    decoder.decode(pb.ModelInferRequest.FromString(message), message)
+    with_id = _request(a, a, request_id="7").SerializeToString()
+    other_size = _request(np.zeros((1, 15), np.float32), a).SerializeToString()
+    # the same bytes but for the tail: a raw tensor replaced by a field of another number and the same size
+    other_field = message[:-66] + b"\x42" + message[-65:]
+    assert pb.ModelInferRequest.FromString(other_field).raw_input_contents[:] == [a.tobytes()]
+    for unlike in (with_id, other_size, other_field, message[:-1], message + b"\x3a\x00"):
+        assert decoder.decode_serialized(unlike) is None
+    # a request with an id, or serialized in another field order, is decoded in full and not remembered
+    decoder.decode(pb.ModelInferRequest.FromString(with_id), with_id)
+    reordered = _request(a, a).SerializeToString()
+    reordered = reordered[-132:] + reordered[:-132]  # the raw tensors first: the same message
+    assert pb.ModelInferRequest.FromString(reordered) == _request(a, a)
+    decoder.decode(pb.ModelInferRequest.FromString(reordered), reordered)
+    assert decoder.decode_serialized(reordered) is None and decoder.decode_serialized(with_id) is None
+    assert decoder.decode_serialized(message) is not None
+
+
+def test_serialized_memo_stays_bounded() -> None:
+    decoder = InferDecoder(allow_shared_memory=False)
+    a = np.zeros((1, 4), np.float32)
+    for i in range(3 * MEMO_LIMIT):
+        message = _request(a, a, model=f"m{i}").SerializeToString()
+        assert decoder.decode(pb.ModelInferRequest.FromString(message), message).model_name == f"m{i}"
+        assert decoder.decode_serialized(message) is not None
+    assert sum(len(entries) for entries in decoder._serialized.values()) <= MEMO_LIMIT
+
+
 def _response(outputs: list[OutputTensor], **extra: object) -> InferenceResponse:
     return InferenceResponse(model_name="add_sub", model_version="1", outputs=outputs, **extra)  # type: ignore[arg-type]
 

@@ -583,6 +583,37 @@ def test_undecodable_message_is_rejected(running: Running) -> None:
         assert c.is_server_live() is True
 
 
+def test_undecodable_message_gets_internal_from_the_own_server(running: Running) -> None:
+    if running.fake.config.grpc_server_impl != "naiad":
+        pytest.skip("grpcio words its own deserialization error")
+    with grpc.insecure_channel(running.url) as channel:
+        call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+        for garbage in (b"\xff\xff\xff\xff\x0f garbage", b"\x0a\x05ab"):
+            err = _rpc_error(call, garbage)
+            assert (err.code(), err.details()) == (grpc.StatusCode.INTERNAL, "Exception deserializing request!")
+    with grpcclient.InferenceServerClient(running.url) as c:
+        assert c.is_server_live() is True
+
+
+def test_repeated_infer_requests_each_get_their_own_tensors(running: Running,
+                                                            client: grpcclient.InferenceServerClient) -> None:
+    """The same layout again and again (decoded from the message bytes once seen), then unlike ones."""
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        a, b = rng.standard_normal((1, 4)).astype(np.float32), rng.integers(0, 9, (2,)).astype(np.int64)
+        result = client.infer("echo", [_input("A", a, "FP32"), _input("B", b, "INT64")])
+        np.testing.assert_array_equal(result.as_numpy("OUT_A"), a)
+        np.testing.assert_array_equal(result.as_numpy("OUT_B"), b)
+    result = client.infer("echo", [_input("A", a, "FP32"), _input("B", b, "INT64")], request_id="with-id")
+    assert result.get_response().id == "with-id"
+    np.testing.assert_array_equal(result.as_numpy("OUT_B"), b)
+    short = np.zeros((1, 3), np.float32)
+    result = client.infer("echo", [_input("A", short, "FP32"), _input("B", b, "INT64")])
+    np.testing.assert_array_equal(result.as_numpy("OUT_A"), short)
+    err = _client_error(client.infer, "nope", [_input("A", a, "FP32"), _input("B", b, "INT64")])
+    assert err.status() == "StatusCode.NOT_FOUND"
+
+
 def test_unary_cancel_reaches_core(running: Running, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
     request = _gate_request("unary-wait", "never-completes")
     future = stub.ModelInfer.future(request)

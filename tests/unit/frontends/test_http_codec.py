@@ -304,6 +304,19 @@ def test_bf16_json_refused_both_ways_but_binary_works():
     assert body[n:] == words.astype("<u2").tobytes()
 
 
+@pytest.mark.parametrize("before", [
+    {},  # the first "u" after the outputs key is null's own
+    {"first": OutputTensor("plus_u", "FP32", (1,), np.array([1.0], dtype=np.float32))},  # a "u" in a name
+    {"first": OutputTensor("T", "BOOL", (2,), np.array([True, False]))},  # true and false hold a "u"
+    {"parameters": {"outputs": ["u"], "n": None}},  # a parameter named like the key, and a null of its own
+])
+def test_encode_finds_a_non_finite_value_wherever_the_search_starts(before):
+    odd = OutputTensor("O", "FP32", (2,), np.array([1.0, np.nan], dtype=np.float32))  # one null: its "u" may be the first
+    first = [before["first"]] if "first" in before else []
+    body, _ = encode_infer_response(_response(*first, odd, parameters=before.get("parameters", {})), OutputPlan())
+    assert body.endswith(b'{"name":"O","datatype":"FP32","shape":[2],"data":[1.0,NaN]}]}')
+
+
 def test_encode_spells_non_finite_floats_whatever_else_says_null():
     """NaN and +-inf are written as Triton writes them; an answer that only mentions 'null' elsewhere is unchanged."""
     odd = OutputTensor("O", "FP32", (1, 3), np.array([[np.nan, 1.5, -np.inf]], dtype=np.float32))

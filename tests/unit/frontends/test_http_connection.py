@@ -335,6 +335,18 @@ def test_header_limit_deadline_and_idle_close(port):
     assert _exchange(port, b"") == b""  # a connection that never sends a request is closed, unanswered
 
 
+def test_the_deadlines_of_a_kept_alive_connections_next_requests_still_hold(port):
+    """One timer serves every deadline of a connection: after answered requests it still cuts off
+    the next request's late headers (408), and a later late body (408)."""
+    answered = b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\na"
+    late_headers = _exchange(port, answered + answered + b"GET /echo HTTP/1.1\r\nHost: x\r\n")
+    assert late_headers.count(b"HTTP/1.1 200 ") == 2 and late_headers.count(b"HTTP/1.1 408 ") == 1
+    assert b"request headers were not received within 1 seconds" in late_headers
+    late_body = _exchange(port, answered + b"POST /digest HTTP/1.1\r\nHost: x\r\nContent-Length: 9\r\n\r\nabc")
+    assert late_body.count(b"HTTP/1.1 200 ") == 1
+    assert b"request body was not received within 1 seconds (received 3 bytes)" in late_body
+
+
 def test_pipelined_requests_in_one_packet_are_answered_in_order(port):
     requests = b"".join(b"POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n" + bytes([c]) for c in b"abc")
     answer = _exchange(port, requests + b"GET /echo HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 from naiad.config.server_config import ServerConfig
 from naiad.core.shared_memory_service import SharedMemoryService
 from naiad.frontends.http import HttpFrontend
-from naiad.frontends.http.routes import build_router
+from naiad.frontends.http.routes import INFER_PATH, PATH_CHARS_KEPT, PATHS_KEPT, FastRoute, FastRoutes, build_router
 from naiad.protocol.errors import (
     DecoupledModelError,
     ErrorCode,
@@ -308,6 +308,33 @@ def test_fast_entries_answer_a_wrong_method_like_the_router(port, fake):
     assert not [r.path for r in build_router(fake).routes if r.path.endswith(("/infer", "/generate"))]
     status, _, _ = call(port, "GET", "/v2/health/live")
     assert status == 200
+
+
+def test_fast_targets_are_remembered_within_bounds():
+    async def handler(scope, receive, send, model, version):  # pragma: no cover - never awaited here
+        pass
+
+    fast = FastRoutes((FastRoute("/infer", INFER_PATH, handler, lambda match: (match.group(1), match.group(2) or "")),))
+    assert fast.target("/v2/models/m/versions/3/infer") == (handler, ("m", "3"))
+    assert fast.known["/v2/models/m/versions/3/infer"] == (handler, ("m", "3"))
+    assert fast.target("/v2/health/live") is None and fast.known["/v2/health/live"] is None  # the Router's
+    for i in range(PATHS_KEPT + 10):
+        assert fast.target(f"/v2/models/m{i}/infer") == (handler, (f"m{i}", ""))
+    assert 0 < len(fast.known) <= PATHS_KEPT
+    long_name = "x" * PATH_CHARS_KEPT
+    assert fast.target(f"/v2/models/{long_name}/infer") == (handler, (long_name, ""))
+    assert f"/v2/models/{long_name}/infer" not in fast.known
+
+
+def test_remembered_paths_answer_as_the_first_time(port, client):
+    for _ in range(3):
+        status, headers, _ = call(port, "GET", "/v2/models/identity/infer")
+        assert (status, headers["allow"]) == (405, "POST")
+        status, _, _ = call(port, "GET", "/v2/health/live")
+        assert status == 200
+        status, _, body = infer_json(port, "nope", {"inputs": []})
+        assert status == 404 and "unknown model: 'nope'" in error_of(body)
+
 
 def test_statistics(client):
     assert client.get_inference_statistics()["model_stats"][0]["name"] == "all"

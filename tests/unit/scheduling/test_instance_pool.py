@@ -79,3 +79,28 @@ def test_a_cancelled_waiter_is_skipped_and_the_instance_goes_to_the_next(kind: s
         assert pool.try_acquire(only) is only
 
     asyncio.run(body())
+
+
+@pytest.mark.parametrize("kind", sorted(POOLS))
+def test_waiters_that_withdrew_leave_the_instances_to_anyone(kind: str) -> None:
+    async def body() -> None:
+        first, second = Inst("m_0"), Inst("m_1")
+        pool = POOLS[kind]([first, second])
+        assert {pool.try_acquire(), pool.try_acquire()} == {first, second}
+        waiting = [asyncio.ensure_future(pool.acquire()), asyncio.ensure_future(pool.acquire(first))]
+        await _settle()
+        for waiter in waiting:
+            waiter.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert pool.try_acquire() is None  # both are still busy
+        pool.release(first)
+        pool.release(second)
+        # nobody waits any more: both are idle, for any caller and for the one asking for `first`
+        assert pool.try_acquire(first) is first
+        assert pool.try_acquire() is second
+        served = asyncio.ensure_future(pool.acquire())
+        await _settle()
+        pool.release(first)
+        assert await asyncio.wait_for(served, 5) is first
+
+    asyncio.run(body())

@@ -77,6 +77,7 @@ class H2GrpcServer:
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
+        self._resolved: dict[str, grpc.RpcMethodHandler] = {}  # registered methods with the guard applied
         self._generic: list[grpc.GenericRpcHandler] = []
         self._rpcs = 0
         self._listener: asyncio.AbstractServer | None = None
@@ -90,8 +91,12 @@ class H2GrpcServer:
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         for name, handler in handlers.items():
             self._methods[f"/{service}/{name}"] = handler
+        self._resolved.clear()
 
     def handler(self, path: str, metadata: Any) -> grpc.RpcMethodHandler | None:
+        resolved = self._resolved.get(path)
+        if resolved is not None:
+            return resolved
         found = self._methods.get(path)
         if found is None:
             details = _CallDetails(path, metadata)
@@ -99,9 +104,14 @@ class H2GrpcServer:
                 found = generic.service(details)
                 if found is not None:
                     break
-        if self.guard is not None:
-            return self.guard.apply(path, found, metadata)
-        return found
+        elif self.guard is None or not self.guard.restrictions:
+            # what the guard makes of a registered method depends on its path alone: kept for the next call
+            resolved = self._resolved[path] = self._guarded(path, found, metadata)
+            return resolved
+        return self._guarded(path, found, metadata)
+
+    def _guarded(self, path: str, handler: grpc.RpcMethodHandler | None, metadata: Any) -> grpc.RpcMethodHandler | None:
+        return handler if self.guard is None else self.guard.apply(path, handler, metadata)
 
     # ------------------------------------------------------------------ limits
 

@@ -6,10 +6,16 @@ message costs several microseconds a request; the message without its `raw_input
 its `id`) is the key under which what they decoded to is kept, so a request seen before only has
 its raw tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
 parameters, no shared memory, no classification): decoding them is a function of the key.
+
+A server that hands over the serialized message (Naiad's own) spares the parsing too: a message
+that is exactly the key followed by its raw tensors (the order protobuf serializers write the
+fields in), without an `id`, is remembered as those bytes, so the same bytes with other tensors of
+the same sizes are decoded without a protobuf message at all.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +27,8 @@ from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
 
 MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
 MAX_KEY = 4096        # larger messages (long ids, many tensors) are not remembered
+_RAW_INPUT_TAG = b"\x3a"   # ModelInferRequest.raw_input_contents: field 7, length-delimited
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,15 @@ class _Layout:
     model_version: str
     inputs: tuple[_Input, ...]
     outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Serialized:
+    """A remembered layout as serialized: the message up to its raw tensors, then each tensor's field head."""
+
+    prefix: bytes
+    heads: tuple[bytes, ...]
+    layout: _Layout
 
 
 def _layout_of(request: pb.ModelInferRequest, buffers: list[bytes], decoded: InferenceRequest) -> _Layout | None:
@@ -74,16 +91,50 @@ def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceR
                             [RequestedOutput(name) for name in layout.outputs])
 
 
+def _build_serialized(message: bytes, serialized: _Serialized) -> InferenceRequest | None:
+    """The request of a message that starts with the remembered prefix, when the rest is its raw
+    tensors with the remembered field heads (their sizes); None when it is other fields."""
+    pos = len(serialized.prefix)
+    layout = serialized.layout
+    inputs = []
+    for head, spec in zip(serialized.heads, layout.inputs):
+        if not message.startswith(head, pos):
+            return None
+        pos += len(head)
+        buffer = message[pos:pos + spec.nbytes]  # its own bytes: aligned, as protobuf's are
+        pos += spec.nbytes
+        inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
+                                 {}, None))
+    if pos != len(message):
+        return None
+    return InferenceRequest(layout.model_name, inputs, layout.model_version, "",
+                            [RequestedOutput(name) for name in layout.outputs])
+
+
 class InferDecoder:
     """decode_infer_request with the memo described above (one per servicer: `allow_shared_memory` is fixed)."""
 
     def __init__(self, allow_shared_memory: bool) -> None:
         self._allow_shared_memory = allow_shared_memory
         self._memo: dict[bytes, _Layout] = {}
+        self._serialized: dict[int, list[_Serialized]] = {}  # by the length of the whole message
+        self._serialized_count = 0
 
-    def decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
+    def decode_serialized(self, message: bytes) -> InferenceRequest | None:
+        """The request a serialized ModelInferRequest decodes to, when it is laid out as one remembered by
+        `decode(..., serialized=)`; None otherwise (then it is parsed and decoded in full)."""
+        for serialized in self._serialized.get(len(message), ()):
+            if message.startswith(serialized.prefix):
+                decoded = _build_serialized(message, serialized)
+                if decoded is not None:
+                    return decoded
+        return None
+
+    def decode(self, request: pb.ModelInferRequest, serialized: bytes | None = None) -> InferenceRequest:
         """As decode_infer_request; raises NaiadError. The message gives up its raw_input_contents
-        (taken out once, without copies beyond that one: the arrays are read-only views of them)."""
+        (taken out once, without copies beyond that one: the arrays are read-only views of them).
+        `serialized`: the bytes `request` was parsed from, remembered for decode_serialized when they
+        are the remembered key and the raw tensors."""
         buffers = list(request.raw_input_contents)
         request.ClearField("raw_input_contents")
         request_id = request.id  # not part of the key: clients that number their requests still hit
@@ -96,6 +147,8 @@ class InferDecoder:
         if layout is not None:
             decoded = _build(layout, buffers, request_id)
             if decoded is not None:
+                if serialized is not None and not request_id:
+                    self._remember_serialized(serialized, key, buffers, layout)
                 return decoded
         decoded = decode_infer_request(request, self._allow_shared_memory, buffers)
         if len(key) <= MAX_KEY:
@@ -104,10 +157,20 @@ class InferDecoder:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[key] = layout
+                if serialized is not None and not request_id:
+                    self._remember_serialized(serialized, key, buffers, layout)
         return decoded
 
-
-_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
+    def _remember_serialized(self, message: bytes, key: bytes, buffers: list[bytes], layout: _Layout) -> None:
+        """Remember `message` as `key` followed by the raw tensors, if that is what it is."""
+        heads = tuple(_RAW_INPUT_TAG + _varint(len(buffer)) for buffer in buffers)
+        if message != key + b"".join(head + buffer for head, buffer in zip(heads, buffers)):
+            return  # fields in another order, or unknown fields the key has moved: not this layout's bytes
+        if self._serialized_count >= MEMO_LIMIT:
+            self._serialized.clear()
+            self._serialized_count = 0
+        self._serialized.setdefault(len(message), []).append(_Serialized(key, heads, layout))
+        self._serialized_count += 1
 
 
 def _varint(value: int) -> bytes:
@@ -117,6 +180,12 @@ def _varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+@functools.lru_cache(maxsize=1024)
+def _output_field_head(size: int) -> bytes:
+    """The tag and length of a raw_output_contents entry of `size` bytes (responses repeat their sizes)."""
+    return _RAW_OUTPUT_TAG + _varint(size)
 
 
 class InferEncoder:
@@ -134,13 +203,13 @@ class InferEncoder:
         if response.parameters:
             return encode_infer_response(response).SerializeToString()
         key: list[object] = [response.model_name, response.model_version, response.id]
-        parts = []
+        parts: list[bytes] = [b""]  # the head goes first, once known
         for out in response.outputs:
             if out.parameters or out.data is None:
                 return encode_infer_response(response).SerializeToString()
             key += (out.name, out.datatype, tuple(out.shape))
             raw = raw_bytes(out.data, out.datatype)
-            parts += (_RAW_OUTPUT_TAG, _varint(len(raw)), raw)
+            parts += (_output_field_head(len(raw)), raw)
         frozen = tuple(key)
         head = self._memo.get(frozen)
         if head is None:
@@ -149,7 +218,8 @@ class InferEncoder:
                 if len(self._memo) >= MEMO_LIMIT:
                     self._memo.clear()
                 self._memo[frozen] = head
-        return head + b"".join(parts)
+        parts[0] = head
+        return b"".join(parts)
 
     @staticmethod
     def _head(response: InferenceResponse) -> bytes:

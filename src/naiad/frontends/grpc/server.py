@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_LENGTH = 2**31 - 1  # what Triton accepts and tritonclient sends
+INFERENCE_SERVICE = "inference.GRPCInferenceService"
 
 
 def server_options(max_concurrent_streams: int = 0, max_receive: int = MAX_MESSAGE_LENGTH,
@@ -128,7 +129,10 @@ class GrpcFrontend:
         config = self._server.config
         context = tls_context(config)
         h2 = h2_server(config)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(self._server, serialized_responses=True), h2)
+        servicer = InferenceServicer(self._server, serialized_responses=True)
+        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, h2)
+        if not config.grpc_header_forward_pattern:  # forwarding adds parameters to the parsed message
+            h2.add_registered_method_handlers(INFERENCE_SERVICE, {"ModelInfer": servicer.serialized_infer_handler()})
         h2.add_generic_rpc_handlers((health_handler(self._server),))
         try:
             port = await h2.start(self._host, self._port, context)

@@ -21,7 +21,7 @@ from naiad.frontends.grpc.status import error_of, guarded, status_of
 from naiad.frontends.grpc.stream import Fatal, StreamSession, grpc_error_mode
 from naiad.frontends.security import check_model_name
 from naiad.observability.trace_context import incoming_traceparent, propagating
-from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, invalid_arg, unsupported
+from naiad.protocol.errors import DecoupledModelError, ErrorCode, NaiadError, internal, invalid_arg, unsupported
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 DECOUPLED_UNARY_MESSAGE = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 REPOSITORY_NAME_MESSAGE = "'repository_name' specification is not supported"
+DESERIALIZE_MESSAGE = "Exception deserializing request!"
 
 
 def _check_repository_name(name: str) -> None:
@@ -58,6 +59,13 @@ def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
                 raise invalid_arg(f"invalid value type for load parameter '{key}', expected bytes_param.")
             files[key] = param.bytes_param
     return config, files
+
+
+def _parse_infer_request(message: bytes) -> pb.ModelInferRequest:
+    try:
+        return pb.ModelInferRequest.FromString(message)
+    except Exception:
+        raise internal(DESERIALIZE_MESSAGE) from None  # what the server says of any message it cannot parse
 
 
 class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -138,17 +146,31 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------ inference
 
-    def _decode(self, request: pb.ModelInferRequest) -> InferenceRequest:
+    def serialized_infer_handler(self) -> grpc.RpcMethodHandler:
+        """ModelInfer for a server that can hand over the request message as received (Naiad's own):
+        a request laid out like one seen before is decoded from its bytes without being parsed."""
+        return grpc.unary_unary_rpc_method_handler(
+            self.ModelInfer, response_serializer=pb.ModelInferResponse.SerializeToString)  # unless already bytes
+
+    def _decode(self, request: pb.ModelInferRequest | bytes | bytearray | memoryview) -> InferenceRequest:
         """An invalid model name first; then an unknown model (NOT_FOUND) rather than what its tensors
-        got wrong. The model is looked up only when decoding fails: a good request is looked up once, in infer."""
+        got wrong. The model is looked up only when decoding fails: a good request is looked up once, in infer.
+        A serialized request (serialized_infer_handler) is parsed only when it is not one seen before."""
+        serialized = None
+        if isinstance(request, (bytes, bytearray, memoryview)):
+            serialized = request if type(request) is bytes else bytes(request)  # an inflated message
+            decoded = self._decoder.decode_serialized(serialized)
+            if decoded is not None:
+                return decoded  # its model name was checked when its layout was first decoded
+            request = _parse_infer_request(serialized)
         check_model_name(request.model_name)
         try:
-            return self._decoder.decode(request)
+            return self._decoder.decode(request, serialized)
         except NaiadError:
             self._inference.check_servable(request.model_name, request.model_version)
             raise
 
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> pb.ModelInferResponse | bytes:
+    async def ModelInfer(self, request: pb.ModelInferRequest | bytes, context: Any) -> pb.ModelInferResponse | bytes:
         # guarded's error handling, inline: the hottest call is spared a coroutine layer
         try:
             decoded = self._decode(request)

@@ -12,6 +12,9 @@ from naiad.frontends.http.errors import ClientDisconnected, HttpError, body_too_
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
+_ACTED_ON = frozenset((b"content-length", b"inference-header-content-length", b"content-encoding",
+                       b"accept-encoding", b"transfer-encoding"))  # the names RequestHeaders.from_scope reads
+
 
 @dataclass(slots=True)
 class RequestHeaders:
@@ -27,6 +30,8 @@ class RequestHeaders:
     def from_scope(cls, scope: dict[str, Any]) -> RequestHeaders:
         found = cls()
         for name, value in scope["headers"]:
+            if name not in _ACTED_ON:
+                continue  # (one set lookup passes over Host, Content-Type, ...)
             if name == b"content-length":
                 found.content_length = value
             elif name == b"inference-header-content-length":

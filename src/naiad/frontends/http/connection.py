@@ -35,6 +35,7 @@ import collections
 import contextvars
 import http
 import logging
+import math
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -147,11 +148,13 @@ class Exchange:
         self.received += len(data)
         if self.unread > BODY_HIGH_WATER:
             self.conn.pause_reading()
-        self._wake()
+        if self.waiter is not None:
+            self._wake()
 
     def end_of_body(self) -> None:
         self.more_body = False
-        self._wake()
+        if self.waiter is not None:
+            self._wake()
 
     def lose(self) -> None:
         self.disconnected = True
@@ -178,26 +181,28 @@ class Exchange:
                 self.conn.transport.write(CONTINUE)
         while not self.disconnected and not self.complete:
             if self.chunks or not (self.more_body or self.body_taken):
-                return self._take_body()
+                return {"type": "http.request", "body": self._take_body(), "more_body": self.more_body}
             self.conn.resume_reading()
             self.waiter = self.conn.loop.create_future()
             await self.waiter
         return _DISCONNECT
 
-    def _take_body(self) -> dict[str, Any]:
+    def _take_body(self) -> bytes:
+        """The body bytes buffered so far (all of it once more_body is False), as one http.request message carries them."""
         chunks = self.chunks
         body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.chunks = []
         self.unread = 0
         self.body_taken = not self.more_body  # later receives wait for the disconnect (or the answer)
-        self.conn.resume_reading()
-        return {"type": "http.request", "body": body, "more_body": self.more_body}
+        if self.conn.read_paused:
+            self.conn.resume_reading()
+        return body
 
     def take_whole_body(self) -> bytes | None:
         """See take_body."""
         if self.more_body or self.body_taken or self.expect_continue or self.disconnected or self.complete:
             return None
-        return self._take_body()["body"]
+        return self._take_body()
 
     # ------------------------------------------------------------ response side (app -> socket)
 
@@ -261,7 +266,8 @@ class Exchange:
         else:
             conn.transport.write(head + body)
         self.complete = True
-        self._wake()
+        if self.waiter is not None:
+            self._wake()
         conn.response_complete(self)
         return True
 
@@ -322,6 +328,24 @@ class Exchange:
         finally:
             if self.conn.active is self:
                 self.conn.exchange_finished(self)
+
+    def resume(self, coroutine: Any, context: contextvars.Context) -> None:
+        """Go on with the app after its first step waited (run_first_step's `resume`)."""
+        awaited, self.awaited = self.awaited, None
+        if awaited is not None and awaited.done():
+            # What the app waited on is done (its batch, its thread): the next step runs here, and
+            # the app gets a task only if it waits again (as a task, after a bare yield).
+            try:
+                self.awaited = run_next_step(coroutine, context, self.resume)
+            except asyncio.CancelledError:
+                pass  # Exchange.run has closed the connection, as for a cancelled task
+            return
+        conn = self.conn
+        task = conn.loop.create_task(coroutine, context=context)
+        self.task = task
+        tasks = conn.server_state.tasks
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def _answer_500(self) -> None:
         body = b"Internal Server Error"
@@ -407,6 +431,7 @@ class HttpConnection(asyncio.Protocol):
         self._header_deadline = 0.0
         self._idle_deadline = 0.0
         self._watchdog: asyncio.TimerHandle | None = None
+        self._watchdog_at = math.inf  # when the timer fires (inf: no timer)
 
     # ------------------------------------------------------------ asyncio.Protocol
 
@@ -435,6 +460,7 @@ class HttpConnection(asyncio.Protocol):
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+            self._watchdog_at = math.inf
         for exchange in (self.active, self.parsing, *self.pipeline):
             if exchange is not None and not exchange.complete:
                 exchange.lose()
@@ -503,8 +529,9 @@ class HttpConnection(asyncio.Protocol):
         self._header_bytes = 0
         self._field_bytes = 0
         self._idle_deadline = 0.0
-        self._header_deadline = self.loop.time() + self.header_timeout
-        self._arm_watchdog(self._header_deadline)
+        self._header_deadline = deadline = self.loop.time() + self.header_timeout
+        if deadline < self._watchdog_at:  # (almost never: the timer is armed for an earlier deadline)
+            self._arm_watchdog(deadline)
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -555,8 +582,9 @@ class HttpConnection(asyncio.Protocol):
         }
         keep_alive = version != "1.0" and parser.should_keep_alive() and not self.shutting_down
         exchange = Exchange(self, scope, keep_alive, self._expect_continue)
-        exchange.body_deadline = self.loop.time() + self.body_timeout
-        self._arm_watchdog(exchange.body_deadline)
+        exchange.body_deadline = deadline = self.loop.time() + self.body_timeout
+        if deadline < self._watchdog_at:
+            self._arm_watchdog(deadline)
         self.parsing = exchange
         if self.active is None:
             self._start(exchange)
@@ -587,7 +615,7 @@ class HttpConnection(asyncio.Protocol):
     def _launch(self, exchange: Exchange) -> None:
         """Run the app's first step now; give it a task only when it has to wait."""
         try:
-            awaited = run_first_step(exchange.run(self.app), lambda coro, ctx: self._resume(exchange, coro, ctx))
+            awaited = run_first_step(exchange.run(self.app), exchange.resume)
         except BaseException:  # run() handles the app's errors: this is ours
             logger.exception("HTTP exchange failed to start")
             self.abort()
@@ -598,22 +626,6 @@ class HttpConnection(asyncio.Protocol):
     def _launch_pipelined(self, exchange: Exchange) -> None:
         if not self.closing:
             self._launch(exchange)
-
-    def _resume(self, exchange: Exchange, coroutine: Any, context: contextvars.Context) -> None:
-        awaited, exchange.awaited = exchange.awaited, None
-        if awaited is not None and awaited.done():
-            # What the app waited on is done (its batch, its thread): the next step runs here, and
-            # the app gets a task only if it waits again (as a task, after a bare yield).
-            try:
-                exchange.awaited = run_next_step(coroutine, context, lambda coro, ctx: self._resume(exchange, coro, ctx))
-            except asyncio.CancelledError:
-                pass  # Exchange.run has closed the connection, as for a cancelled task
-            return
-        task = self.loop.create_task(coroutine, context=context)
-        exchange.task = task
-        tasks = self.server_state.tasks
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
 
     def response_complete(self, exchange: Exchange) -> None:
         """The answer is on the wire: close, or arm keep-alive (the next pipelined request starts when the app returns)."""
@@ -640,8 +652,9 @@ class HttpConnection(asyncio.Protocol):
         elif self.shutting_down:
             self.close()
         else:
-            self._idle_deadline = self.loop.time() + self.keep_alive_timeout
-            self._arm_watchdog(self._idle_deadline)
+            self._idle_deadline = deadline = self.loop.time() + self.keep_alive_timeout
+            if deadline < self._watchdog_at:
+                self._arm_watchdog(deadline)
 
     def shutdown(self) -> None:
         """Called by uvicorn for a graceful stop: idle connections close, busy ones after their answer."""
@@ -729,16 +742,18 @@ class HttpConnection(asyncio.Protocol):
     # ------------------------------------------------------------ the watchdog
 
     def _arm_watchdog(self, deadline: float) -> None:
-        """Make sure the timer fires no later than `deadline` (it re-arms itself for later deadlines)."""
-        timer = self._watchdog
-        if timer is not None:
-            if timer.when() <= deadline:
-                return
-            timer.cancel()
+        """Make sure the timer fires no later than `deadline` (it re-arms itself for later deadlines).
+        Per-request callers first compare with `_watchdog_at` themselves: this call is rarely needed."""
+        if deadline >= self._watchdog_at:
+            return
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         self._watchdog = self.loop.call_at(deadline, self._on_watchdog)
+        self._watchdog_at = deadline
 
     def _on_watchdog(self) -> None:
         self._watchdog = None
+        self._watchdog_at = math.inf
         if self.closing:
             return
         now = self.loop.time()

@@ -84,11 +84,11 @@ async def send_infer_answer(
     await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 
-_JSON_LINES = b"content-type: application/json\r\n"
+JSON_HEAD_LINES = b"content-type: application/json\r\n"  # the plain JSON answer's header lines, written once
 
 
 def _head_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Header pairs as response head lines (the plain JSON answer's are written once, here)."""
+    """Header pairs as response head lines."""
     if len(headers) == 1 and headers[0][1] is JSON:
-        return _JSON_LINES
+        return JSON_HEAD_LINES
     return b"".join(b"%s: %s\r\n" % pair for pair in headers)

@@ -1,8 +1,9 @@
 """The route table: every path the HTTP/REST port answers, tried in this order by HttpApp.
 
 1. fast entries: POST infer and generate, the paths every inference takes. Each is a substring
-   test and one regex, so an inference does not try the Router's patterns one by one; a wrong method
-   on their paths is a JSON 405 here.
+   test and one regex, so an inference does not try the Router's patterns one by one, and what a
+   path led to is remembered, so the same few paths are matched once; a wrong method on their paths
+   is a JSON 405 here.
 2. mounts: whole sub-APIs by path prefix (/v1/ -> the OpenAI-compatible app).
 3. the Router: every other v2 / Triton-extension path (wrong method -> JSON 405, unknown -> JSON 404).
 """
@@ -52,20 +53,50 @@ _MODEL_VERSION = "/v2/models/{model}/versions/{version:naiad_version}"
 AsgiApp = Callable[[dict[str, Any], Receive, Send], Awaitable[None]]
 
 
+FastHandler = Callable[..., Awaitable[None]]
+Target = tuple[FastHandler, tuple[Any, ...]]  # awaited as handler(scope, receive, send, *arguments)
+
+PATHS_KEPT = 1024  # paths whose fast target is remembered (then forgotten all at once)
+PATH_CHARS_KEPT = 256  # longer paths are matched each time (the memory stays bounded)
+
+
 @dataclass(frozen=True, slots=True)
 class FastRoute:
-    """POST on `pattern` awaits `call(scope, receive, send, match)` (a plain function returning the
-    handler's coroutine: no extra frame per request); `marker` is a substring every matching path
-    holds, checked before the regex."""
+    """POST on `pattern` awaits `handler(scope, receive, send, *arguments(match))`; `marker` is a
+    substring every matching path holds, checked before the regex."""
 
     marker: str
     pattern: re.Pattern[str]
-    call: Callable[[dict[str, Any], Receive, Send, re.Match[str]], Awaitable[None]]
+    handler: FastHandler
+    arguments: Callable[[re.Match[str]], tuple[Any, ...]]
+
+
+class FastRoutes:
+    """The fast entries, and the target each path asked for so far led to (None: not a fast path)."""
+
+    def __init__(self, routes: tuple[FastRoute, ...]) -> None:
+        self.routes = routes
+        self.known: dict[str, Target | None] = {}  # read directly by HttpApp, then `target` on a miss
+
+    def target(self, path: str) -> Target | None:
+        """The handler and its arguments for `path`, or None when no fast entry matches it."""
+        found: Target | None = None
+        for route in self.routes:
+            if route.marker in path:
+                match = route.pattern.fullmatch(path)
+                if match is not None:
+                    found = (route.handler, route.arguments(match))
+                    break
+        if len(path) <= PATH_CHARS_KEPT:
+            if len(self.known) >= PATHS_KEPT:
+                self.known.clear()
+            self.known[path] = found
+        return found
 
 
 @dataclass(frozen=True)
 class RouteTable:
-    fast: tuple[FastRoute, ...]
+    fast: FastRoutes
     mounts: tuple[tuple[str, AsgiApp], ...]
     router: Router
 
@@ -77,14 +108,12 @@ INFER_PATH = re.compile(_VERSIONED + "/infer")
 
 def build_routes(server: ServerAPI, infer: InferHandler, generate: GenerateHandler, openai: AsgiApp) -> RouteTable:
     """The HTTP/REST port's whole table (see the module docstring for the order)."""
-    fast = (
-        FastRoute("/infer", INFER_PATH,
-                  lambda scope, receive, send, match: infer.handle(
-                      scope, receive, send, match.group(1), match.group(2) or "")),
-        FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"),
-                  lambda scope, receive, send, match: generate.handle(
-                      scope, receive, send, match.group(1), match.group(2) or "", bool(match.group(3)))),
-    )
+    fast = FastRoutes((
+        FastRoute("/infer", INFER_PATH, infer.handle,
+                  lambda match: (match.group(1), match.group(2) or "")),
+        FastRoute("/generate", re.compile(_VERSIONED + "/generate(_stream)?"), generate.handle,
+                  lambda match: (match.group(1), match.group(2) or "", bool(match.group(3)))),
+    ))
     return RouteTable(fast, (("/v1/", openai),), build_router(server))
 
 
