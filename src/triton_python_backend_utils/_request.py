@@ -72,7 +72,7 @@ class InferenceResponse:
             raise TritonModelException(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
         self._tensors = tensors
         self._error = error
-        self._parameters = _parameters_json(parameters, "response")
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters, "response")
 
     def output_tensors(self) -> list[Tensor]:
         return self._tensors

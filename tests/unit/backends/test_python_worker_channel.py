@@ -2,16 +2,42 @@
 
 from __future__ import annotations
 
-import socket
+import os
 import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
+from naiad.config.model_config import ConfigError
+from naiad.runtime.process.auto_complete import run_auto_complete
 from naiad.runtime.process.framing import BlockingChannel, FrameDecoder, encode
+from naiad.runtime.process.launcher import Launch
 
 ROUND_TRIPS = 20
+
+
+class _Peer:
+    """The other end of a channel: a pipe each way, raw bytes."""
+
+    def __init__(self) -> None:
+        self._to_channel = os.pipe()
+        self._from_channel = os.pipe()
+
+    def channel(self, timeout: float | None = None) -> BlockingChannel:
+        return BlockingChannel(self._to_channel[0], self._from_channel[1], timeout)
+
+    def sendall(self, data: bytes) -> None:
+        os.write(self._to_channel[1], data)
+
+    def recv(self, size: int) -> bytes:
+        return os.read(self._from_channel[0], size)
+
+    def close(self) -> None:
+        os.close(self._to_channel[1])
+        os.close(self._from_channel[0])
 
 
 def _voluntary_switches() -> int:
@@ -24,8 +50,8 @@ def _voluntary_switches() -> int:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/thread-self")
 def test_waiting_reader_is_not_woken_when_the_peer_reads_its_reply():
-    ours, peer = socket.socketpair()
-    channel = BlockingChannel(ours)
+    peer = _Peer()
+    channel = peer.channel()
     switches: list[int] = []
     received: list[object] = []
 
@@ -50,7 +76,7 @@ def test_waiting_reader_is_not_woken_when_the_peer_reads_its_reply():
             peer.sendall(encode(("x", index)))
     finally:
         thread.join(10)
-        ours.close()
+        channel.close()
         peer.close()
     assert received == [("x", i) for i in range(ROUND_TRIPS)]
     # Each wait is one sleep until the message; a reader blocked in recv() also woke (and slept again)
@@ -59,19 +85,19 @@ def test_waiting_reader_is_not_woken_when_the_peer_reads_its_reply():
 
 
 def test_receive_reports_a_closed_peer():
-    ours, peer = socket.socketpair()
-    channel = BlockingChannel(ours)
+    peer = _Peer()
+    channel = peer.channel()
     peer.sendall(encode(("last",)))
     peer.close()
     assert channel.receive() == ("last",)
     with pytest.raises(EOFError):
         channel.receive()
-    ours.close()
+    channel.close()
 
 
 def test_receive_takes_whole_split_and_joined_frames_in_order():
-    ours, peer = socket.socketpair()
-    channel = BlockingChannel(ours)
+    peer = _Peer()
+    channel = peer.channel()
     frames = [encode(("m", i, "x" * (i * 37))) for i in range(6)]
     try:
         peer.sendall(frames[0])  # one whole frame per read
@@ -85,5 +111,54 @@ def test_receive_takes_whole_split_and_joined_frames_in_order():
         peer.sendall(frames[5])  # whole again after split ones
         assert channel.receive() == ("m", 5, "x" * 185)
     finally:
-        ours.close()
+        channel.close()
         peer.close()
+
+
+def test_a_message_larger_than_the_pipe_arrives_whole():
+    peer = _Peer()
+    channel = peer.channel()
+    payload = os.urandom(1 << 20)  # far beyond a pipe's capacity: several writes, several reads
+    reader = threading.Thread(target=channel.send, args=(("big", payload),))
+    reader.start()
+    decoder = FrameDecoder()
+    messages: list[object] = []
+    while not messages:
+        messages = decoder.feed(peer.recv(1 << 16))
+    reader.join(10)
+    assert messages == [("big", payload)]
+    channel.close()
+    peer.close()
+
+
+def test_receive_gives_up_after_the_timeout():
+    peer = _Peer()
+    channel = peer.channel(timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        channel.receive()
+    assert 0.15 < time.monotonic() - started < 5
+    peer.sendall(encode(("late",)))  # the channel still works after a timeout
+    assert channel.receive() == ("late",)
+    channel.close()
+    peer.close()
+
+
+def test_auto_complete_that_hangs_fails_the_load_after_the_timeout(tmp_path: Path):
+    model_file = tmp_path / "model.py"
+    model_file.write_text(textwrap.dedent("""
+        import time
+
+        class TritonPythonModel:
+            @staticmethod
+            def auto_complete_config(auto_complete_model_config):
+                time.sleep(60)
+                return auto_complete_model_config
+
+            def execute(self, requests):
+                return []
+    """))
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match="did not finish within 1s"):
+        run_auto_complete('{"name": "hangs"}', model_file, Launch(), timeout=1.0)
+    assert time.monotonic() - started < 8  # the hung worker is killed, not waited for

@@ -18,14 +18,14 @@ AUTO_COMPLETE_TIMEOUT = 300.0
 
 def _ask_worker(message: tuple[Any, ...], what: str, launch: Launch, timeout: float, error_prefix: str = "") -> Any:
     """Send one auto-complete message to a fresh worker and return what its "auto_ok" reply carries."""
-    process, sock = spawn(launch)
+    process, read_fd, write_fd = spawn(launch)
+    channel = BlockingChannel(read_fd, write_fd, timeout)
     try:
-        sock.settimeout(timeout)
-        channel = BlockingChannel(sock)
         channel.send(message)
         try:
             reply = channel.receive()
         except TimeoutError:
+            process.kill()  # hung in the model's code: nothing to wait for
             raise ConfigError(f"{what} did not finish within {timeout:.0f}s") from None
         except (EOFError, OSError):
             process.wait()
@@ -33,7 +33,7 @@ def _ask_worker(message: tuple[Any, ...], what: str, launch: Launch, timeout: fl
                 f"the worker running {what} exited (code {process.returncode}); see the server log for its output"
             ) from None
     finally:
-        sock.close()
+        channel.close()
         try:
             process.wait(timeout=10)
         except Exception:  # a worker that does not end is killed

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import pickle
 import select
-import socket
 import struct
 import threading
 from typing import Any
@@ -56,32 +57,53 @@ class FrameDecoder:
 
 
 class BlockingChannel:
-    """The worker's end: blocking reads from one thread, sends from any thread."""
+    """One end of a worker channel, a pipe each way: blocking reads from one thread at a time, sends from any thread.
 
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
+    Pipes rather than a unix socket: a reader blocked on a pipe wakes only when data comes (a socket's
+    waiters are also woken each time the peer reads what this end wrote, a needless switch per reply),
+    so one blocking read is the whole wait; and a pipe's write and read cost less than a socket's.
+    `timeout` (seconds) bounds each wait for a message (TimeoutError); None waits as long as it takes.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int, timeout: float | None = None) -> None:
+        self._read_fd = read_fd
+        self._write_fd = write_fd
         self._send_lock = threading.Lock()
         self._decoder = FrameDecoder()
         self._pending: list[Any] = []
-        self._buffer = bytearray(RECV_BUFFER)
-        self._view = memoryview(self._buffer)
-        self._readable = select.poll()
-        self._readable.register(sock, select.POLLIN)
+        buffer = bytearray(RECV_BUFFER)
+        self._buffers = [buffer]
+        self._view = memoryview(buffer)
+        self._readable: select.poll | None = None
+        self._timeout_ms = 0
+        if timeout is not None:
+            self._readable = select.poll()
+            self._readable.register(read_fd, select.POLLIN)
+            self._timeout_ms = max(int(timeout * 1000), 1)
 
     def send(self, message: tuple[Any, ...]) -> None:
         data = encode(message)
         with self._send_lock:
-            self.sock.sendall(data)
+            written = os.write(self._write_fd, data)
+            while written < len(data):  # a message larger than the pipe's room goes in several writes
+                written += os.write(self._write_fd, data[written:])
 
     def receive(self) -> Any:
-        """The next message; raises EOFError when the peer closed the connection."""
-        while not self._pending:
-            # Wait in poll() for POLLIN only: a thread blocked in recv() is also woken each time the peer
-            # reads what we sent (a unix socket signals freed write space on the same wait queue), one
-            # needless switch into this process per reply whenever the peer reads it late.
-            self._readable.poll()
-            count = self.sock.recv_into(self._buffer)
+        """The next message; raises EOFError when the peer closed the channel."""
+        pending = self._pending
+        while not pending:
+            if self._readable is not None and not self._readable.poll(self._timeout_ms):
+                raise TimeoutError("no message from the peer in time")
+            count = os.readv(self._read_fd, self._buffers)
             if not count:
                 raise EOFError("connection closed")
-            self._pending.extend(self._decoder.feed(self._view[:count]))
-        return self._pending.pop(0)
+            messages = self._decoder.feed(self._view[:count])
+            if len(messages) == 1:  # the usual read: one whole message, nothing to queue
+                return messages[0]
+            pending.extend(messages)
+        return pending.pop(0)
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)

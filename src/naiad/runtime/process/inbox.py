@@ -72,7 +72,7 @@ class Inbox:
                     self._cv.notify_all()
 
     def next_command(self) -> tuple[Any, ...]:
-        """The next command for the calling (main) thread, reading the socket itself when it can."""
+        """The next command for the calling (main) thread, reading the channel itself when it can."""
         self._busy_since = None
         while True:
             with self._lock:
@@ -113,7 +113,7 @@ class Inbox:
             loop.call_soon_threadsafe(_resolve, future)
 
     def wait(self, call: Call) -> Any:
-        """Block until the call has an item, reading the socket meanwhile if nobody else is."""
+        """Block until the call has an item, reading the channel meanwhile if nobody else is."""
         while True:
             with self._lock:
                 while not call.items and self._reading:

@@ -235,7 +235,7 @@ class ProcessInstance:
     async def execute_requests(self, requests: list[BackendRequest], respond: ResponseCallback) -> ExecutionOutcome:
         pipeline = self._pipeline
         if self._pipelined:
-            # Default scheduler: the next requests are already queued in the worker's socket while this
+            # Default scheduler: the next requests are already queued in the worker's pipe while this
             # one runs, so the worker goes from one execute to the next without sleeping in between, and
             # both processes wake up once for several requests. The worker still runs one execute at a
             # time, and holds at most `_depth` batches: this one waits for room first (holding the

@@ -1,11 +1,10 @@
-"""Starts worker processes: the interpreter (ours or an EXECUTION_ENV_PATH environment's), its environment, the socket."""
+"""Starts worker processes: the interpreter (ours or an EXECUTION_ENV_PATH environment's), its environment, its pipes."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
@@ -124,20 +123,26 @@ def launch_for(config: mc.ModelConfig, model_dir: Path) -> Launch:
         raise ConfigError(f"unable to prepare the Python environment of model '{config.name}': {exc}") from None
 
 
-def spawn(launch: Launch) -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """Start one worker (own session: terminal signals go to the server only); returns it and our socket end."""
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+def spawn(launch: Launch) -> tuple[subprocess.Popen[bytes], int, int]:
+    """Start one worker (own session: terminal signals go to the server only); returns it, the descriptor we
+    read its messages from and the one we write ours to (one pipe each way, see framing.BlockingChannel)."""
+    to_worker = os.pipe()
+    from_worker = os.pipe()
+    theirs = (to_worker[0], from_worker[1])
+    ours = (from_worker[0], to_worker[1])
     naiad_dir, pb_dir = package_directories()
     try:
         process = subprocess.Popen(
-            [launch.python, "-c", BOOTSTRAP, naiad_dir, pb_dir, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
+            [launch.python, "-c", BOOTSTRAP, naiad_dir, pb_dir, *map(str, theirs)],
+            pass_fds=theirs,
             env=launch.env,
             start_new_session=True,
         )
     except BaseException:
-        ours.close()
+        for fd in ours:
+            os.close(fd)
         raise
     finally:
-        theirs.close()
-    return process, ours
+        for fd in theirs:
+            os.close(fd)
+    return process, ours[0], ours[1]

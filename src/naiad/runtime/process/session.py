@@ -95,6 +95,16 @@ class _Protocol(asyncio.Protocol):
         self._session.on_lost()
 
 
+class _WriteEnd(asyncio.BaseProtocol):
+    """The pipe to the worker: it closes when the worker is gone."""
+
+    def __init__(self, session: WorkerSession) -> None:
+        self._session = session
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._session.on_lost()
+
+
 class WorkerSession:
     """A worker from spawn to exit. Any way it ends, its requests get an error and its segments are removed."""
 
@@ -123,7 +133,8 @@ class WorkerSession:
         self._health_calls: dict[int, asyncio.Future[bool]] = {}
         self._next_health = 0
         self._process: subprocess.Popen[bytes] | None = None
-        self._transport: asyncio.Transport | None = None
+        self._reading: asyncio.ReadTransport | None = None
+        self._transport: asyncio.WriteTransport | None = None  # sends to the worker
         self._started: asyncio.Future[Any] | None = None
         self._exited = asyncio.Event()
         self.alive = False
@@ -141,13 +152,15 @@ class WorkerSession:
         loop = self._loop
         self._started = loop.create_future()
         self.outputs = OutputReader(self.peers, self.release_peer, loop)
-        process, sock = spawn(self._launch)
+        process, read_fd, write_fd = spawn(self._launch)
         self._process = process
         self.pid = process.pid
         self.alive = True
         self._watch_exit(loop, process)
-        transport, _ = await loop.create_unix_connection(lambda: _Protocol(self), sock=sock)
-        self._transport = transport
+        # A pipe each way (see framing.BlockingChannel); the transports own and close the descriptors.
+        reading, writing = open(read_fd, "rb", buffering=0), open(write_fd, "wb", buffering=0)
+        self._reading, _ = await loop.connect_read_pipe(lambda: _Protocol(self), reading)
+        self._transport, _ = await loop.connect_write_pipe(lambda: _WriteEnd(self), writing)
         self._init["prefix"] = self._worker_prefix
         try:
             self._init["prewarmed"] = self.pool.prewarm()
@@ -160,13 +173,8 @@ class WorkerSession:
             self.peers.view(self.info["prewarmed"])
         return self.info
 
-    @property
-    def _reader(self) -> OutputReader:
-        assert self.outputs is not None, "messages arrive only after start()"
-        return self.outputs
-
     def _watch_exit(self, loop: asyncio.AbstractEventLoop, process: subprocess.Popen[bytes]) -> None:
-        """Notice the process ending even if something else holds the socket open (pidfd, else a thread)."""
+        """Notice the process ending even if something else holds its pipes open (pidfd, else a thread)."""
         pidfd_open = getattr(os, "pidfd_open", None)
         if pidfd_open is not None:
             try:
@@ -220,8 +228,9 @@ class WorkerSession:
         self.alive = False
         if not self.closing:
             self.kill()
-        if self._transport is not None:
-            self._transport.close()
+        for transport in (self._reading, self._transport):
+            if transport is not None:
+                transport.close()
         message = f"Stub process '{self.name}' is not healthy."
         if self._started is not None and not self._started.done():
             code = self._process.poll() if self._process is not None else None
@@ -355,7 +364,8 @@ class WorkerSession:
 
     def _on_done(self, message: tuple[Any, ...]) -> None:
         _, batch_id, block, responses, error, rescheduled, timing = message
-        reader = self._reader
+        reader = self.outputs
+        assert reader is not None, "messages arrive only after start()"
         batch = self._batches.get(batch_id)
         if batch is None:
             reader.done_with(block)
@@ -379,7 +389,9 @@ class WorkerSession:
                                                    counts_as_failure=False, execution_ns=timing))
                 else:
                     outputs = reader.read(block, metas)
-                    respond(index, BackendResponse(outputs, _parameters(parameters), None, True, True, timing))
+                    # "{}", the usual parameters, without a call
+                    extra = {} if parameters == "{}" else _parameters(parameters)
+                    respond(index, BackendResponse(outputs, extra, None, True, True, timing))
         if block:
             reader.done_with(block)
         batch.done = True
@@ -405,9 +417,11 @@ class WorkerSession:
 
     def _on_response(self, message: tuple[Any, ...]) -> None:
         _, batch_id, index, block, metas, parameters, err, final = message
+        reader = self.outputs
+        assert reader is not None, "messages arrive only after start()"
         batch = self._batches.get(batch_id)
         if batch is None or index not in batch.open:
-            self._reader.done_with(block)
+            reader.done_with(block)
             return
         response: BackendResponse | None
         if err is not None:
@@ -415,8 +429,8 @@ class WorkerSession:
         elif metas is None:
             response = BackendResponse(None, final=True) if final else None
         else:
-            response = BackendResponse(self._reader.read(block, metas), _parameters(parameters), None, final)
-        self._reader.done_with(block)
+            response = BackendResponse(reader.read(block, metas), _parameters(parameters), None, final)
+        reader.done_with(block)
         if final:
             batch.open.discard(index)
         if response is not None:

@@ -7,7 +7,6 @@ import ctypes
 import ctypes.util
 import io
 import os
-import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -46,15 +45,14 @@ def _yield_to_the_server() -> None:
 
 
 def main(argv: list[Any]) -> None:
-    """Entry point (see launcher.BOOTSTRAP): argv = [socket fd]."""
+    """Entry point (see launcher.BOOTSTRAP): argv = [descriptor to read from, descriptor to write to]."""
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             with contextlib.suppress(ValueError):
                 stream.reconfigure(line_buffering=True)
     _keep_freed_buffers()
     _yield_to_the_server()
-    sock = socket.socket(fileno=int(argv[0]))
-    channel = BlockingChannel(sock)
+    channel = BlockingChannel(int(argv[0]), int(argv[1]))
     message = channel.receive()
     if message[0] in ("auto", "auto_backend"):  # a throw-away worker: auto-complete one config, then end
         if message[0] == "auto":

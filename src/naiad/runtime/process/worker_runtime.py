@@ -189,7 +189,8 @@ class WorkerRuntime:
         """Handle one message from the server (in whichever thread read it); commands are returned."""
         kind = message[0]
         if kind == "x":
-            self._release_blocks(message[4])
+            if message[4]:  # our blocks the server has read since its last message
+                self._release_blocks(message[4])
             if self.on_async_batch is not None:
                 self.on_async_batch(message)
                 return None
