@@ -1,15 +1,17 @@
 """The core process's CPU per request behind the frontend workers' channel, without HTTP or wrk.
 
-    .venv/bin/python benchmarks/channel_cost.py [REPO]   (default: a copy of examples/models/add_sub)
+    .venv/bin/python benchmarks/channel_cost.py [REPO] [--uvloop]   (default: a copy of examples/models/add_sub)
 
 A child process plays the workers: it keeps 32 decoded add_sub requests in flight on the channel
 (closed loop); this process runs the Server and the core side (Dispatcher) and reports its own CPU
 per request. Compare with `request_cost.py`'s `Server.infer_async` figure: the difference is what
 the channel costs the core. Core and child are pinned to cores 0 and 1 when there are two.
+`--uvloop` runs the core on uvloop, as `naiad serve` does (default: asyncio's own loop).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import os
@@ -94,11 +96,20 @@ async def _core(repo: Path) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("repo", nargs="?", type=Path, help="model repository (default: a copy of examples/models/add_sub)")
+    parser.add_argument("--uvloop", action="store_true", help="run the core on uvloop, as `naiad serve` does")
+    args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="channel-cost-") as tmp:
-        repo = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tmp)
-        if len(sys.argv) <= 1:
+        repo = args.repo or Path(tmp)
+        if args.repo is None:
             shutil.copytree(EXAMPLES / "add_sub", repo / "add_sub")
-        asyncio.run(_core(repo))
+        if args.uvloop:
+            import uvloop
+
+            uvloop.run(_core(repo))
+        else:
+            asyncio.run(_core(repo))
     return 0
 
 

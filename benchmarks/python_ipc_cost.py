@@ -19,6 +19,7 @@ affects them alike; the summary gives each tree's median over the rounds and its
 hands the instance batches of up to N waiting requests (a dynamic batcher's); `--dynamic` gives the
 model a dynamic_batching block (its instance then holds one batch at a time, not a pipeline);
 `--server` goes through Server.infer_async instead (scheduler, statistics and responses included).
+`--uvloop` runs on uvloop, as `naiad serve` does (default: asyncio's own loop).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 
 import numpy as np
@@ -194,6 +196,15 @@ async def _measure_server(repo: Path, concurrency: int, seconds: float) -> dict[
     }
 
 
+def _event_loop_runner(uvloop_: bool) -> Callable[[Coroutine[object, object, dict]], dict]:
+    """asyncio.run, or uvloop.run: `naiad serve` runs on uvloop, so its figures compare with served runs."""
+    if uvloop_:
+        import uvloop
+
+        return uvloop.run
+    return asyncio.run
+
+
 def _child(args: argparse.Namespace) -> int:
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})  # the worker inherits it: both share one core, as in the matrix
@@ -204,10 +215,11 @@ def _child(args: argparse.Namespace) -> int:
         config = ADD_SUB_CONFIG + ("dynamic_batching { }\n" if args.dynamic else "")
         (repo / "add_sub" / "config.pbtxt").write_text(config)
         (repo / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)
+        run = _event_loop_runner(args.uvloop)
         if args.server:
-            result = asyncio.run(_measure_server(repo, args.concurrency[0], args.seconds))
+            result = run(_measure_server(repo, args.concurrency[0], args.seconds))
         else:
-            result = asyncio.run(_measure(repo, args.concurrency[0], args.seconds, args.batch))
+            result = run(_measure(repo, args.concurrency[0], args.seconds, args.batch))
     print(json.dumps(result))
     return 0
 
@@ -226,6 +238,7 @@ def main() -> int:
     parser.add_argument("--dynamic", action="store_true", help="give the model a dynamic_batching block")
     parser.add_argument("--server", action="store_true", help="go through Server.infer_async (scheduler included)")
     parser.add_argument("--pin", type=int, help="run the server and its worker on this one core")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop, as `naiad serve` does (default: asyncio's loop)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -242,6 +255,7 @@ def main() -> int:
                 if args.server:
                     command.append("--server")
                 command += ["--batch", str(args.batch)] + (["--dynamic"] if args.dynamic else [])
+                command += ["--uvloop"] if args.uvloop else []
                 out = subprocess.run(command, env=env, capture_output=True, text=True)
                 if out.returncode != 0:
                     print(out.stderr, file=sys.stderr)
