@@ -177,6 +177,50 @@ def test_a_model_loaded_through_one_worker_is_ready_through_all(server: RunningS
         assert call(server, "GET", "/v2/models/identity_fp32/ready")[0] == 400
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+TWO_CPUS = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2
+                              or "NAIAD_WORKER_CPUS" in os.environ,
+                              reason="needs two usable CPUs (Linux) and no NAIAD_WORKER_CPUS of the caller's")
+
+
+@TWO_CPUS
+def test_worker_processes_keep_off_one_cpu_left_to_the_server_process(server: RunningServer) -> None:
+    usable = os.sched_getaffinity(0)
+    frontends = worker_pids(server, _PIDS) + worker_pids(server, _GRPC_PIDS)
+    models = [pid for pid in _children(server.process.pid) if pid not in frontends]
+    assert models, "the counter model's Python worker"
+    assert os.sched_getaffinity(server.process.pid) == usable  # the server process (and its threads) anywhere
+    for pid in frontends + models:
+        assert os.sched_getaffinity(pid) == usable - {min(usable)}, pid
+    assert any("worker processes run on CPUs" in line for line in server.output)
+
+
+@TWO_CPUS
+def test_an_empty_cpu_list_leaves_the_worker_processes_anywhere(tmp_path: Path) -> None:
+    usable = os.sched_getaffinity(0)
+    with start_server(_repository(tmp_path), "--frontend-processes", "1", "--model-control-mode", "explicit",
+                      "--load-model", "counter", *GRPC, env={"NAIAD_WORKER_CPUS": ""}) as running:
+        children = _children(running.process.pid)
+        assert len(children) >= 3  # an HTTP worker, a gRPC worker, the counter model's worker
+        for pid in children:
+            assert os.sched_getaffinity(pid) == usable, pid
+        assert not any("worker processes run on CPUs" in line for line in running.output)
+
+
 def test_system_shared_memory_registered_once_serves_every_worker(server: RunningServer) -> None:
     key = f"/naiad_workers_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     region = shm.create_shared_memory_region("io", key, 64)

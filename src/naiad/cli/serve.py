@@ -28,6 +28,7 @@ from naiad.cli.startup_report import (
     table,
 )
 from naiad.config.collector import freeze_startup_heap
+from naiad.config.cpu_placement import WORKER_CPUS_VARIABLE, reserve_core_cpu
 from naiad.config.server_config import ServerConfig
 from naiad.core.facade import ServerAPI
 from naiad.core.server import Server
@@ -167,6 +168,10 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
     _log_settings_table(changed)
     for warning in warnings:
         log.warning("%s", warning)
+    # Before any model loads: its worker processes start on these CPUs too.
+    worker_cpus = reserve_core_cpu(os.environ, config.frontend_processes)
+    if worker_cpus:
+        log.info("worker processes run on CPUs %s (%s), the server process on every CPU", worker_cpus, WORKER_CPUS_VARIABLE)
     signals = _Signals(server)
     try:
         await signals.unless_forced(server.startup())

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from naiad.config.cpu_placement import place_child
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.server import server_credentials, tls_context
 from naiad.frontends.http.app import HttpApp
@@ -73,6 +74,7 @@ class WorkerProcess:
                 self.protocol, pass_fds=fds)
         finally:
             theirs.close()
+        place_child(self.process.pid)
         self.started_at = time.monotonic()
         dispatcher.channel = await Channel.open(ours, dispatcher.on_message)
         self.dispatcher = dispatcher

@@ -1,0 +1,60 @@
+"""Which CPUs Naiad's child processes run on: with frontend workers, one CPU is left to the core process.
+
+Left to the kernel, a frontend worker, the core process and a Python model's worker (each waking the
+next) tend to be run on one CPU while another one idles, and the core process's CPU per request bounds
+the whole server. So with `--frontend-processes N` on two or more usable CPUs the children (frontend
+workers, Python-model and process-instance workers) keep off the lowest one, which the core process
+then mostly has to itself; the core process itself stays free on every CPU (its backend threads
+included). The list travels in the environment variable below, so that it is set once, is inherited
+as it is, and a user can choose it: `naiad serve` sets it unless it is set already, and an empty value
+leaves the children wherever the kernel puts them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import MutableMapping
+
+log = logging.getLogger("naiad.config.cpu_placement")
+
+WORKER_CPUS_VARIABLE = "NAIAD_WORKER_CPUS"
+
+
+def children_cpus(usable: set[int], frontend_processes: int) -> set[int] | None:
+    """The CPUs for the children, or None to leave them anywhere (no frontend workers, or one CPU)."""
+    if frontend_processes < 1 or len(usable) < 2:
+        return None
+    return usable - {min(usable)}
+
+
+def parse_cpus(text: str) -> set[int]:
+    """CPUs written as taskset does: "1,3", "2-5", "0,4-7"; raises ValueError."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = part.strip().partition("-")
+        cpus.update(range(int(first), int(last) + 1) if dash else (int(first),))
+    return cpus
+
+
+def reserve_core_cpu(environ: MutableMapping[str, str], frontend_processes: int) -> str | None:
+    """Set the children's CPUs in `environ` (the server's own environment, at start) unless it names them
+    already; returns the list the children get, None when they are left anywhere."""
+    if WORKER_CPUS_VARIABLE not in environ and sys.platform.startswith("linux"):
+        cpus = children_cpus(os.sched_getaffinity(0), frontend_processes)
+        if cpus is not None:
+            environ[WORKER_CPUS_VARIABLE] = ",".join(map(str, sorted(cpus)))
+    return environ.get(WORKER_CPUS_VARIABLE) or None
+
+
+def place_child(pid: int) -> None:
+    """Run a just-started child on the children's CPUs, if the server has some (before it starts threads:
+    they inherit its CPUs)."""
+    text = os.environ.get(WORKER_CPUS_VARIABLE)
+    if not text or not sys.platform.startswith("linux"):
+        return
+    try:
+        os.sched_setaffinity(pid, parse_cpus(text))
+    except (OSError, ValueError) as exc:  # a CPU not usable here, a child gone already, a typo
+        log.warning("could not run process %d on CPUs %r (%s=%r): %s", pid, text, WORKER_CPUS_VARIABLE, text, exc)
