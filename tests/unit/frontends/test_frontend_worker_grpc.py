@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.workers import grpc_worker
+from naiad.frontends.grpc import servicer
 from naiad.frontends.workers.grpc_worker import WorkerHandlers
 from naiad.protocol.types import InferenceRequest, InferenceResponse, OutputTensor
 
@@ -54,7 +54,8 @@ def test_a_repeated_layout_is_answered_without_parsing_its_message(monkeypatch: 
             parsed.append(raw)
             return real.FromString(raw)
 
-    monkeypatch.setattr(grpc_worker, "pb", types.SimpleNamespace(ModelInferRequest=Counting))
+    # the worker parses a message through the servicer's parse_infer_request
+    monkeypatch.setattr(servicer, "pb", types.SimpleNamespace(ModelInferRequest=Counting))
 
     async def call(message: bytes) -> pb.ModelInferResponse:
         request = handler.request_deserializer(message) if handler.request_deserializer else message

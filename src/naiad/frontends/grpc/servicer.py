@@ -61,7 +61,8 @@ def _load_parameters(params: Any) -> tuple[str | None, dict[str, bytes]]:
     return config, files
 
 
-def _parse_infer_request(message: bytes) -> pb.ModelInferRequest:
+def parse_infer_request(message: bytes) -> pb.ModelInferRequest:
+    """A serialized ModelInferRequest, parsed; one that does not parse is INTERNAL, as gRPC servers answer it."""
     try:
         return pb.ModelInferRequest.FromString(message)
     except Exception:
@@ -162,7 +163,7 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             decoded = self._decoder.decode_serialized(serialized)
             if decoded is not None:
                 return decoded  # its model name was checked when its layout was first decoded
-            request = _parse_infer_request(serialized)
+            request = parse_infer_request(serialized)
         check_model_name(request.model_name)
         try:
             return self._decoder.decode(request, serialized)

@@ -26,7 +26,7 @@ from naiad.frontends.http.infer_codec import (
     parse_header_length,
 )
 from naiad.frontends.http.raw_request import decode_raw_request
-from naiad.frontends.http.responses import JSON_HEAD_LINES, Send, send_error, send_infer_answer
+from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.security import HeaderForwarder
 from naiad.observability.trace_context import incoming_traceparent, propagating
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
@@ -119,8 +119,7 @@ class InferHandler:
             logger.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        send_response = scope["extensions"].get("naiad.send_response") if "extensions" in scope else None
-        if send_response is not None and json_length is None and headers.accept_encoding is None:
-            if send_response(send, 200, JSON_HEAD_LINES, payload):  # the usual answer, written at once
-                return
-        await send_infer_answer(send, payload, json_length, headers.accept_encoding, send_response)
+        answer = send_infer_answer(send, payload, json_length, headers.accept_encoding,
+                                   scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)
+        if answer is not None:
+            await answer

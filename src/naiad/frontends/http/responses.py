@@ -14,6 +14,7 @@ from naiad.frontends.http.errors import error_body
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON = b"application/json"
+JSON_HEAD_LINES = b"content-type: application/json\r\n"  # the plain JSON answer's header lines, written once
 TEXT = b"text/plain"
 OCTET_STREAM = b"application/octet-stream"
 
@@ -60,15 +61,18 @@ async def send_error(
     await send_reply(send, error_reply(status, message, headers), close)
 
 
-async def send_infer_answer(
+def send_infer_answer(
     send: Send, payload: bytes, json_length: int | None, accept_encoding: bytes | None,
     send_response: Callable[[Send, int, bytes, bytes], bool] | None = None,
-) -> None:
+) -> Awaitable[None] | None:
     """A 200 infer answer: JSON, or binary with its JSON header length; compressed when the client accepts it.
 
     `send_response`: the server's whole-answer writer (scope extension `naiad.send_response`, see
-    connection.send_response), tried before the two ASGI messages when given."""
+    connection.send_response), tried first when given. None when the answer went out that way (the
+    usual case: no coroutine made), else the coroutine sending the two ASGI messages, to await."""
     if json_length is None:
+        if send_response is not None and accept_encoding is None and send_response(send, 200, JSON_HEAD_LINES, payload):
+            return None  # the usual answer: plain JSON, uncompressed
         headers = [(b"content-type", JSON)]
     else:
         headers = [(b"content-type", OCTET_STREAM), (b"inference-header-content-length", b"%d" % json_length)]
@@ -77,18 +81,12 @@ async def send_infer_answer(
         if encoding is not None:
             payload = compress(payload, encoding)
             headers.append((b"content-encoding", encoding))
-    if send_response is not None and send_response(send, 200, _head_lines(headers), payload):
-        return
+    if send_response is not None and send_response(send, 200, b"".join(b"%s: %s\r\n" % pair for pair in headers), payload):
+        return None
     headers.append((b"content-length", b"%d" % len(payload)))
+    return _send_start_and_body(send, headers, payload)
+
+
+async def _send_start_and_body(send: Send, headers: list[tuple[bytes, bytes]], payload: bytes) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
-
-
-JSON_HEAD_LINES = b"content-type: application/json\r\n"  # the plain JSON answer's header lines, written once
-
-
-def _head_lines(headers: list[tuple[bytes, bytes]]) -> bytes:
-    """Header pairs as response head lines."""
-    if len(headers) == 1 and headers[0][1] is JSON:
-        return JSON_HEAD_LINES
-    return b"".join(b"%s: %s\r\n" % pair for pair in headers)

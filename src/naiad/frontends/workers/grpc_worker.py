@@ -28,13 +28,13 @@ from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.health import SERVICE as HEALTH_SERVICE
 from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
 from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
-from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE, DESERIALIZE_MESSAGE
+from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE, parse_infer_request
 from naiad.frontends.grpc.status import error_of, status_of
 from naiad.frontends.security import check_model_name
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient, RelayedStatus
 from naiad.observability.trace_context import find_traceparent
-from naiad.protocol.errors import DecoupledModelError, NaiadError, internal, unsupported
+from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.grpc")
 
@@ -48,13 +48,6 @@ def _raw(data: bytes) -> bytes:
 
 def _serialized(message: Any) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
-
-
-def _parse_infer(message: bytes) -> pb.ModelInferRequest:
-    try:
-        return pb.ModelInferRequest.FromString(message)
-    except Exception:
-        raise internal(DESERIALIZE_MESSAGE) from None  # what either gRPC server says of a message it cannot parse
 
 
 def _metadata(context: grpc.aio.ServicerContext) -> tuple[tuple[str, Any], ...]:
@@ -131,7 +124,7 @@ class WorkerHandlers(grpc.GenericRpcHandler):
         decoded = self._decoder.decode_serialized(message)  # (its model name was checked when first decoded)
         if decoded is None:
             try:
-                request = _parse_infer(message)
+                request = parse_infer_request(message)
             except NaiadError as exc:
                 await _abort(context, exc)
                 raise AssertionError("context.abort returned") from None  # pragma: no cover - abort always raises

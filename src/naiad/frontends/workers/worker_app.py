@@ -139,5 +139,7 @@ class WorkerApp:
             log.exception("error handling infer for model '%s'", model)
             await send_error(send, 500, f"internal server error: {type(exc).__name__}: {exc}")
             return
-        await send_infer_answer(send, payload, json_length, headers.accept_encoding,
-                                scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)
+        answer = send_infer_answer(send, payload, json_length, headers.accept_encoding,
+                                   scope["extensions"].get("naiad.send_response") if "extensions" in scope else None)
+        if answer is not None:
+            await answer
