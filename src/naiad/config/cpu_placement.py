@@ -57,4 +57,4 @@ def place_child(pid: int) -> None:
     try:
         os.sched_setaffinity(pid, parse_cpus(text))
     except (OSError, ValueError) as exc:  # a CPU not usable here, a child gone already, a typo
-        log.warning("could not run process %d on CPUs %r (%s=%r): %s", pid, text, WORKER_CPUS_VARIABLE, text, exc)
+        log.warning("could not run process %d on CPUs %r (%s): %s", pid, text, WORKER_CPUS_VARIABLE, exc)
