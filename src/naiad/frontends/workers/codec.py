@@ -26,6 +26,7 @@ Tensor = tuple[str, tuple[int, ...], bytes] | np.ndarray
 
 
 def tensor_to_wire(array: np.ndarray) -> Tensor:
+    """(request_to_wire and response_to_wire inline this rule.)"""
     dtype = array.dtype
     # isnative, not isbuiltin: the decoders' little-endian dtypes (np.frombuffer over a body or a
     # protobuf field) are native but not "builtin", and pickling the array costs 5x the flat form
@@ -34,23 +35,33 @@ def tensor_to_wire(array: np.ndarray) -> Tensor:
     return array
 
 
-_DTYPES: dict[str, np.dtype] = {}  # dtype string -> dtype: np.dtype(str) parses it on every call
+class _Dtypes(dict[str, np.dtype]):
+    """dtype string -> dtype: np.dtype(str) parses it on every call."""
+
+    def __missing__(self, key: str) -> np.dtype:
+        parsed = self[key] = np.dtype(key)
+        return parsed
+
+
+_DTYPES = _Dtypes()
 
 
 def tensor_from_wire(value: Tensor) -> np.ndarray:
-    if isinstance(value, np.ndarray):
-        return value  # pickled as it is
-    dtype, shape, raw = value
-    parsed = _DTYPES.get(dtype)
-    if parsed is None:
-        parsed = _DTYPES[dtype] = np.dtype(dtype)
-    return np.ndarray(shape, parsed, raw)  # (read-only: a view over the bytes object)
+    if value.__class__ is tuple:
+        return np.ndarray(value[1], _DTYPES[value[0]], value[2])  # (read-only: a view over the bytes object)
+    return value  # type: ignore[return-value]  (an array pickled as it is)
 
 
 def request_to_wire(request: InferenceRequest) -> tuple[Any, ...]:
-    return (request.model_name, request.model_version, request.id,
-            [(i.name, i.datatype, i.shape, None if i.data is None else tensor_to_wire(i.data), i.parameters or None,
-              i.shared_memory) for i in request.inputs],
+    inputs = []
+    for i in request.inputs:
+        data = i.data
+        if data is not None:
+            # tensor_to_wire inlined (here and in response_to_wire): a tenth fewer instructions per call
+            dtype = data.dtype
+            data = (dtype.str, data.shape, data.tobytes()) if dtype.kind in "biuf" and dtype.isnative else data
+        inputs.append((i.name, i.datatype, i.shape, data, i.parameters or None, i.shared_memory))
+    return (request.model_name, request.model_version, request.id, inputs,
             [(o.name, o.parameters or None, o.classification, o.shared_memory) for o in request.outputs],
             request.parameters or None, request.priority, request.timeout_us,
             request.sequence_id, request.sequence_start, request.sequence_end)
@@ -69,9 +80,14 @@ def request_from_wire(wire: tuple[Any, ...]) -> InferenceRequest:
 
 
 def response_to_wire(response: InferenceResponse) -> tuple[Any, ...]:
-    return (response.model_name, response.model_version, response.id, response.parameters or None,
-            [(o.name, o.datatype, o.shape, None if o.data is None else tensor_to_wire(o.data), o.parameters or None)
-             for o in response.outputs])
+    outputs = []
+    for o in response.outputs:
+        data = o.data
+        if data is not None:
+            dtype = data.dtype
+            data = (dtype.str, data.shape, data.tobytes()) if dtype.kind in "biuf" and dtype.isnative else data
+        outputs.append((o.name, o.datatype, o.shape, data, o.parameters or None))
+    return response.model_name, response.model_version, response.id, response.parameters or None, outputs
 
 
 def response_from_wire(wire: tuple[Any, ...]) -> InferenceResponse:
