@@ -19,6 +19,7 @@ _LENGTH = struct.Struct("<I")
 MAX_FRAME = (1 << 32) - 1
 _FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
+_COPIED = 1 << 16  # frames shorter than this are copied out of the buffer to be unpickled
 
 
 class UnsendableMessage(ValueError):
@@ -119,7 +120,10 @@ class Channel(asyncio.BufferedProtocol):
             end = start + _LENGTH.size + length
             if end > self._filled:
                 break
-            message = pickle.loads(memoryview(buffer)[start + _LENGTH.size:end])
+            # a small frame is sliced out (a copy costs less than a memoryview and its slice: 1.4k of
+            # the core's ~103k instructions per add_sub request), a large one read in place
+            body = start + _LENGTH.size
+            message = pickle.loads(buffer[body:end] if length < _COPIED else memoryview(buffer)[body:end])
             start = end
             self.on_message(message)
         remaining = self._filled - start
