@@ -143,10 +143,12 @@ class Dispatcher:
             log.exception("error running a frontend worker's infer request for model '%s'", request.model_name)
             self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
         else:
-            try:
-                self._send((wire.RESULT, request_id, response_to_wire(response)))
-            except UnsendableMessage as exc:
-                self._send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
+            channel = self.channel
+            if channel is not None:
+                try:
+                    channel.send((wire.RESULT, request_id, response_to_wire(response)))
+                except UnsendableMessage as exc:
+                    channel.send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
 
     async def _relay(self, request_id: int, scope: dict[str, Any], body: bytes) -> None:
         delivered = False
