@@ -27,7 +27,18 @@ def run_first_step(coroutine: Coroutine[Any, Any, Any], resume: Resume) -> async
     should create the task that goes on); after a bare yield, `resume` is called at once. Errors
     raised by the first step propagate to the caller.
     """
-    return run_next_step(coroutine, contextvars.copy_context(), resume)
+    # run_next_step written out: one call fewer on every request's path
+    context = contextvars.copy_context()
+    try:
+        awaited = context.run(coroutine.send, None)
+    except StopIteration:
+        return None
+    if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):
+        awaited._asyncio_future_blocking = False  # _hand_over
+        awaited.add_done_callback(lambda _: resume(coroutine, context))
+        return awaited
+    resume(coroutine, context)
+    return None
 
 
 def run_next_step(coroutine: Coroutine[Any, Any, Any], context: contextvars.Context, resume: Resume) -> asyncio.Future[Any] | None:
@@ -42,7 +53,7 @@ def run_next_step(coroutine: Coroutine[Any, Any, Any], context: contextvars.Cont
     except StopIteration:
         return None
     if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):  # (the usual future told apart without a call)
-        _hand_over(awaited)
+        awaited._asyncio_future_blocking = False  # _hand_over, written out
         awaited.add_done_callback(lambda _: resume(coroutine, context))
         return awaited
     resume(coroutine, context)

@@ -76,6 +76,7 @@ def _status_line(status: int) -> bytes:
 STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
+_METHODS = {name.encode(): name for name in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}  # decoded once
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
 
@@ -562,6 +563,7 @@ class HttpConnection(asyncio.Protocol):
         else:
             parsed = httptools.parse_url(url)
             raw_path, query = parsed.path, parsed.query or b""
+        method = parser.get_method()
         path = raw_path.decode("ascii")
         if "%" in path:
             path = urllib.parse.unquote(path)
@@ -572,7 +574,7 @@ class HttpConnection(asyncio.Protocol):
             "server": self.server,
             "client": self.client,
             "scheme": self.scheme,
-            "method": parser.get_method().decode("ascii"),
+            "method": _METHODS.get(method) or method.decode("ascii"),
             "root_path": self.root_path,
             "path": self.root_path + path,
             "raw_path": self.raw_root_path + raw_path if self.raw_root_path else raw_path,
@@ -586,22 +588,31 @@ class HttpConnection(asyncio.Protocol):
         if deadline < self._watchdog_at:
             self._arm_watchdog(deadline)
         self.parsing = exchange
-        if self.active is None:
-            self._start(exchange)
+        if self.active is None:  # (_start written out)
+            self.active = exchange
+            self._to_launch = exchange
         else:  # pipelined: runs when the one before it has answered
             self.pipeline.append(exchange)
             self.pause_reading()
 
     def on_body(self, body: bytes) -> None:
-        if self.parsing is not None:
-            self.parsing.feed(body)
+        exchange = self.parsing
+        if exchange is not None:
+            if exchange.waiter is None and not exchange.complete and len(body) <= BODY_HIGH_WATER - exchange.unread:
+                exchange.chunks.append(body)  # Exchange.feed's usual case written out (a call fewer)
+                exchange.unread += len(body)
+                exchange.received += len(body)
+            else:
+                exchange.feed(body)
 
     def on_message_complete(self) -> None:
         self._in_message = False
         exchange = self.parsing
         if exchange is not None:
             exchange.body_deadline = 0.0
-            exchange.end_of_body()
+            exchange.more_body = False  # Exchange.end_of_body, written out
+            if exchange.waiter is not None:
+                exchange._wake()
         self.parsing = None
 
     # ------------------------------------------------------------ exchanges
