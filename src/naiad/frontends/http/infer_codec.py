@@ -55,6 +55,9 @@ class OutputPlan:
         return self.binary.get(name, self.default_binary)
 
 
+_ALL_JSON = OutputPlan()  # every output as JSON: the plan of a request naming no outputs and no parameters
+
+
 def parse_header_length(value: bytes | None, body_length: int) -> int | None:
     """Inference-Header-Content-Length: None when absent, else an int in [0, body_length] (400 otherwise)."""
     if value is None:
@@ -74,7 +77,10 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: i
     if header_length == 0:
         raise ValueError("a raw binary body is decoded against its resolved model (decode_raw_request)")
     if header_length is None:
-        doc = load_request_json(body)
+        try:
+            doc = orjson.loads(body)  # the usual body (load_request_json's first try, a call fewer)
+        except orjson.JSONDecodeError:
+            doc = load_request_json(body)
         binary = _EMPTY
     else:
         view = memoryview(body)
@@ -87,9 +93,12 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: i
         raise invalid_arg("Unable to parse 'id'")
     request = InferenceRequest(model, [], version, raw_id)
     params = doc.get("parameters")
-    plan = OutputPlan(apply_request_parameters(params, request) if params is not None else False)
-    _decode_inputs(request, doc.get("inputs"), binary, header_length is not None)
     outputs = doc.get("outputs")
+    if params is None and outputs is None:
+        plan = _ALL_JSON  # (shared: nothing writes a plan once decoded)
+    else:
+        plan = OutputPlan(apply_request_parameters(params, request) if params is not None else False)
+    _decode_inputs(request, doc.get("inputs"), binary, header_length is not None)
     if outputs is not None:
         _decode_outputs(request, plan, outputs)
     return request, plan
