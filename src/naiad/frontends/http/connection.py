@@ -254,7 +254,8 @@ class Exchange:
     def write_response(self, status: int, fields: bytes, body: bytes) -> bool:
         """See send_response."""
         conn = self.conn
-        default_head = conn.current_default_head()
+        # current_default_head's usual case in place: the server's headers are the ones already joined
+        default_head = conn.default_head if conn.server_state.default_headers is conn.default_headers else conn.current_default_head()
         if self.started or conn.write_paused is not None or default_head is None:
             return False
         if self.disconnected:
