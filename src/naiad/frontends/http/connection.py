@@ -277,7 +277,11 @@ class Exchange:
         self.complete = True
         if self.waiter is not None:
             self._wake()
-        conn.response_complete(self)
+        # response_complete's usual case written out: a kept-alive connection whose request was read whole
+        if self.keep_alive and not conn.upgrade_seen and not (self.more_body and conn.parsing is self):
+            conn.server_state.total_requests += 1
+        else:
+            conn.response_complete(self)
         return True
 
     def _start(self, status: int, headers: Any) -> None:
@@ -502,7 +506,15 @@ class HttpConnection(asyncio.Protocol):
         if self._to_launch is not None:
             exchange, self._to_launch = self._to_launch, None
             if not self.closing:
-                self._launch(exchange)
+                # _launch written out (a call fewer per request)
+                try:
+                    awaited = run_first_step(exchange.run(self.app), exchange.resume)
+                except BaseException:  # run() handles the app's errors: this is ours
+                    logger.exception("HTTP exchange failed to start")
+                    self.abort()
+                else:
+                    if awaited is not None:
+                        exchange.awaited = awaited
         if self._in_headers and not self.closing and self._failure is None:
             # A read counts whole when all of it is this request's: it continues the headers, or
             # it starts the request on an idle connection (before the request line there can only

@@ -95,7 +95,7 @@ class InferHandler:
             try:
                 if headers.content_encoding is not None:
                     body = decompress_body(body, headers.content_encoding, limit)
-                header_length = parse_header_length(headers.infer_header_length, len(body))
+                header_length = None if headers.infer_header_length is None else parse_header_length(headers.infer_header_length, len(body))
                 if header_length == 0:  # a raw binary body: the model's config shapes its one input
                     resolved = await self.inference.resolve(model, version)
                     request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
