@@ -152,11 +152,6 @@ class Exchange:
         if self.waiter is not None:
             self._wake()
 
-    def end_of_body(self) -> None:
-        self.more_body = False
-        if self.waiter is not None:
-            self._wake()
-
     def lose(self) -> None:
         self.disconnected = True
         self._wake()
@@ -608,7 +603,9 @@ class HttpConnection(asyncio.Protocol):
         if deadline < self._watchdog_at:
             self._arm_watchdog(deadline)
         self.parsing = exchange
-        if self.active is None:  # (_start written out)
+        if self.active is None:
+            # the active exchange; its app starts once the bytes at hand are parsed, so a small
+            # request's first step sees its whole body
             self.active = exchange
             self._to_launch = exchange
         else:  # pipelined: runs when the one before it has answered
@@ -630,18 +627,12 @@ class HttpConnection(asyncio.Protocol):
         exchange = self.parsing
         if exchange is not None:
             exchange.body_deadline = 0.0
-            exchange.more_body = False  # Exchange.end_of_body, written out
+            exchange.more_body = False  # the body is whole: wake a receive() waiting for more
             if exchange.waiter is not None:
                 exchange._wake()
         self.parsing = None
 
     # ------------------------------------------------------------ exchanges
-
-    def _start(self, exchange: Exchange) -> None:
-        """Make `exchange` the active one; its app starts once the bytes at hand are parsed, so a
-        small request's first step sees its whole body."""
-        self.active = exchange
-        self._to_launch = exchange
 
     def _launch(self, exchange: Exchange) -> None:
         """Run the app's first step now; give it a task only when it has to wait."""
