@@ -174,30 +174,33 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             data = self._check_preface(data)
             if data is None:
                 return
-        self._rbuf += data
-        if not self._yielded:  # else a later turn is already set to go on with the buffer
-            self._process()
+        if self._rbuf or self._penalty is not None:  # (frames left for a later turn are in the buffer)
+            self._rbuf += data
+            if not self._yielded:  # else a later turn is already set to go on with the buffer
+                self._process()
+        else:
+            self._process(data)  # the usual case: whole frames, read from `data` without a copy to the buffer
 
     def _process_later(self) -> None:
         if not self._closed:
             self._process()
 
-    def _process(self) -> None:
-        """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them;
-        what they (and the calls they complete at once) write goes out in one write."""
+    def _process(self, data: bytes | None = None) -> None:
+        """Handle the complete frames in `data` (when the read buffer is empty) or in the read buffer, at
+        most FRAMES_PER_TURN / BYTES_PER_TURN of them; what is left is kept in the read buffer. What they
+        (and the calls they complete at once) write goes out in one write."""
         self._yielded = False
         if self._penalty is not None:
             return  # the buffer waits for _end_penalty
         self._in_turn = True
         try:
-            self._handle_frames()
+            self._handle_frames(self._rbuf if data is None else data)
         finally:
             self._in_turn = False
         self._flush()
         self._update_reading()
 
-    def _handle_frames(self) -> None:
-        buf = self._rbuf
+    def _handle_frames(self, buf: bytes | bytearray) -> None:
         pos, end, frames = 0, len(buf), 0
         max_frame = w.DEFAULT_FRAME_SIZE
         try:
@@ -215,7 +218,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     break
                 ftype, flags = buf[pos + 3], buf[pos + 4]
                 sid = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
-                payload = bytes(buf[pos + 9:pos + 9 + length])
+                payload = buf[pos + 9:pos + 9 + length]
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
                 pos += 9 + length
                 frames += 1
                 self._on_frame(ftype, flags, sid, payload)
@@ -229,8 +234,11 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._connection_error(w.INTERNAL_ERROR, "internal error")
             return
         finally:
-            if pos:
-                del buf[:pos]
+            if buf is self._rbuf:
+                if pos:
+                    del buf[:pos]
+            elif pos < end and not self._closed:
+                self._rbuf += memoryview(buf)[pos:]
         if self._ready:
             self._start_ready()
         if len(self._blocked) >= lim.STALLED_STREAMS and self._penalty is None:
