@@ -198,7 +198,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         finally:
             self._in_turn = False
         self._flush()
-        self._update_reading()
+        if self._yielded or self._paused or self._penalty is not None or self._reading_paused:
+            self._update_reading()  # (called only when reading may have to pause or resume)
 
     def _handle_frames(self, buf: bytes | bytearray) -> None:
         pos, end, frames = 0, len(buf), 0
@@ -708,7 +709,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._held -= stream.held  # the request is the call's now
             stream.held = 0
             start(self, stream, message)
-        self._credit_connection()
+        if self._recv_unacked >= RECV_CONN_WINDOW // 2 or self._held > lim.HELD_BYTES_LIMIT:
+            self._credit_connection()  # (called only when it may grant: this runs for every call)
 
     def handler_done(self, _: object = None) -> None:
         self.handlers -= 1
