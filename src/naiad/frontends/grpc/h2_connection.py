@@ -224,7 +224,10 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     payload = bytes(payload)
                 pos += 9 + length
                 frames += 1
-                self._on_frame(ftype, flags, sid, payload)
+                if ftype == w.DATA and self._settings_seen and not self._headers_sid:
+                    self._on_data(flags, sid, payload)  # (what _on_frame would do, a call fewer per request)
+                else:
+                    self._on_frame(ftype, flags, sid, payload)
                 if self._closed:
                     return
         except ConnectionError_ as err:
