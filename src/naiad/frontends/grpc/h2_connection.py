@@ -42,6 +42,7 @@ MAX_HEADER_BLOCK = 256 << 10      # an encoded block (with CONTINUATIONs) larger
 QUEUED_REQUESTS_LIMIT = 64        # streamed requests waiting for the handler before the window stays shut
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
+_FRAME_HEAD = struct.Struct(">BHBBI")  # 24-bit length (as 8 + 16 bits), type, flags, stream id
 
 
 class ConnectionError_(Exception):
@@ -206,7 +207,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         max_frame = w.DEFAULT_FRAME_SIZE
         try:
             while end - pos >= 9:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+                high, low, ftype, flags, sid = _FRAME_HEAD.unpack_from(buf, pos)
+                length = (high << 16) | low
                 if length > max_frame:
                     raise ConnectionError_(w.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 if end - pos - 9 < length:
@@ -217,8 +219,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     self._yielded = True  # the other connections get their turn first
                     self.loop.call_soon(self._process_later)
                     break
-                ftype, flags = buf[pos + 3], buf[pos + 4]
-                sid = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
+                sid &= 0x7FFFFFFF
                 payload = buf[pos + 9:pos + 9 + length]
                 if type(payload) is not bytes:
                     payload = bytes(payload)
