@@ -9,6 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
+from naiad.runtime.process import tensors
 from naiad.runtime.process.framing import FrameDecoder, encode
 from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
@@ -133,6 +134,30 @@ def test_small_tensors_travel_inline_without_a_block(prefix):
     assert unpack_one(None, metas[1][0], copy=True).shape == (0, 2)
     big = np.zeros(INLINE_MAX // 4 + 1, np.float32)
     assert pack(pool, [[("B", "FP32", big)]])[0] is not None  # past the limit: shared memory
+    pool.close()
+
+
+def test_one_pass_inline_packing_matches_the_general_path(prefix):
+    pool = BlockPool(prefix)
+    square = np.arange(16, dtype=np.float32).reshape(4, 4)
+    groups = [
+        [("C", "FP32", square), ("T", "FP32", square.T), ("S", "FP32", square[:, ::2]),
+         ("F", "FP32", np.asfortranarray(square)), ("Z", "INT64", np.zeros((0, 2), np.int64))],
+        [],
+        [("B", "BOOL", np.array([True, False])), ("H", "BF16", np.array([0x3F80], np.uint16)),
+         ("0", "INT32", np.array(5, np.int32))],
+    ]
+    metas = tensors._pack_inline(groups, INLINE_MAX)
+    assert metas is not None
+    assert metas == tensors._pack_general(pool, groups, INLINE_MAX)[1]
+    assert all(type(meta[3]) is bytearray for group in metas for meta in group if meta[4])
+    # Not for it (the general path takes them): another dtype, BYTES, more than fits inline.
+    assert tensors._pack_inline([[("X", "FP64", square)]], INLINE_MAX) is None
+    assert tensors._pack_inline([[("S", "BYTES", np.array([b"a"], dtype=np.object_))]], INLINE_MAX) is None
+    fits = np.zeros(INLINE_MAX // 4, np.float32)
+    assert tensors._pack_inline([[("A", "FP32", fits)]], INLINE_MAX) is not None
+    assert tensors._pack_inline([[("A", "FP32", fits), ("B", "FP32", square)]], INLINE_MAX) is None
+    assert pack(pool, [[("A", "FP32", fits), ("B", "FP32", square)]])[0] is not None
     pool.close()
 
 
