@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import weakref
 import uuid
 
 import numpy as np
@@ -54,3 +55,31 @@ def test_received_inputs_match_the_general_unpacking(host):
     assert pb_utils.get_input_tensor_by_name(requests[0], "B").as_numpy().tolist() == [[-3, 7]]
     assert requests[0].release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
     assert requests[0].requested_output_names() == ["OUT"]
+
+
+def test_a_batch_message_is_freed_before_the_worker_waits_for_the_next(host):
+    """The previous batch's message (and the input buffers it carries) is released once the batch ran,
+    not when the next message arrives (which would put that work on the next request's path)."""
+
+    class Payload:  # stands in for a batch's input buffers
+        pass
+
+    payload = Payload()
+    gone = weakref.ref(payload)
+    messages = [("x", 1, payload)]
+    del payload
+    seen: list[bool] = []
+
+    class Inbox:
+        def next_command(self) -> tuple:
+            if messages:
+                return messages.pop()
+            seen.append(gone() is None)  # waiting for the next message: the last one is gone already
+            return ("f",)
+
+    ran: list[int] = []
+    host.runtime.inbox = Inbox()
+    host._run_batch = lambda message: ran.append(message[1])
+    host._finalize = lambda: None
+    host._command_loop()
+    assert ran == [1] and seen == [True]
