@@ -147,17 +147,16 @@ def test_one_pass_inline_packing_matches_the_general_path(prefix):
         [("B", "BOOL", np.array([True, False])), ("H", "BF16", np.array([0x3F80], np.uint16)),
          ("0", "INT32", np.array(5, np.int32))],
     ]
-    metas = tensors._pack_inline(groups, INLINE_MAX)
-    assert metas is not None
-    assert metas == tensors._pack_general(pool, groups, INLINE_MAX)[1]
+    block, metas = pack(pool, groups)
+    assert block is None and (block, metas) == tensors._pack_general(pool, groups, INLINE_MAX)
     assert all(type(meta[3]) is bytearray for group in metas for meta in group if meta[4])
-    # Not for it (the general path takes them): another dtype, BYTES, more than fits inline.
-    assert tensors._pack_inline([[("X", "FP64", square)]], INLINE_MAX) is None
-    assert tensors._pack_inline([[("S", "BYTES", np.array([b"a"], dtype=np.object_))]], INLINE_MAX) is None
+    # Up to the limit inline, past it in shared memory, as the general path decides.
     fits = np.zeros(INLINE_MAX // 4, np.float32)
-    assert tensors._pack_inline([[("A", "FP32", fits)]], INLINE_MAX) is not None
-    assert tensors._pack_inline([[("A", "FP32", fits), ("B", "FP32", square)]], INLINE_MAX) is None
-    assert pack(pool, [[("A", "FP32", fits), ("B", "FP32", square)]])[0] is not None
+    assert pack(pool, [[("A", "FP32", fits)]]) == (None, [[("A", "FP32", fits.shape, bytearray(fits), INLINE_MAX)]])
+    block, metas = pack(pool, [[("A", "FP32", fits), ("B", "FP32", square)]])
+    assert block is not None and [meta[3] for meta in metas[0]] == [0, INLINE_MAX]
+    pool.release(block)
+    assert pool.in_use() == 0
     pool.close()
 
 
