@@ -142,6 +142,7 @@ class ProcessInstance:
         self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
         self._awaiting_room = 0  # batches waiting for room in the pipeline (at most one: it holds the instance)
         self._execution_ns = 0.0  # moving average of the worker's execution time
+        self._timed = False  # an execution time came back (until then the depth is PIPELINE_DEPTH)
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
         self._deaths = 0  # serving workers that died: what the model held in them is gone
@@ -294,11 +295,12 @@ class ProcessInstance:
             timing = None if finished.cancelled() else finished.result()
             if timing is not None:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
+                self._timed = True
 
     @property
     def _depth(self) -> int:
         """Batches the worker may hold now, from the moving average of its execution times."""
-        return pipeline_depth(self._execution_ns)
+        return pipeline_depth(self._execution_ns) if self._timed else PIPELINE_DEPTH
 
     def chat_template(self) -> ChatTemplate | None:
         return None  # model.py has no tokenizer the server could ask
