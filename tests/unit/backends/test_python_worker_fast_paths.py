@@ -83,3 +83,23 @@ def test_a_batch_message_is_freed_before_the_worker_waits_for_the_next(host):
     host._finalize = lambda: None
     host._command_loop()
     assert ran == [1] and seen == [True]
+
+
+def test_input_lookup_by_name_is_the_same_for_received_and_built_requests(host):
+    block, metas = pack(None, [INLINE_GROUPS[0]])
+    received = host._requests(("x", 1, block, [("", 0, 0, "{}", 0, (), metas[0])], []))[0]
+    for name in ("A", "B"):
+        expected = next(t for t in received.inputs() if t.name() == name)
+        assert pb_utils.get_input_tensor_by_name(received, name) is expected
+    assert pb_utils.get_input_tensor_by_name(received, "missing") is None
+
+    class Renamed(pb_utils.Tensor):  # a model's own Tensor subclass: its name() is what counts
+        __slots__ = ()
+
+        def name(self) -> str:
+            return "renamed"
+
+    tensor = Renamed("A", np.zeros(2, np.float32))
+    built = pb_utils.InferenceRequest(model_name="m", inputs=[tensor], requested_output_names=[])
+    assert pb_utils.get_input_tensor_by_name(built, "renamed") is tensor
+    assert pb_utils.get_input_tensor_by_name(built, "A") is None
