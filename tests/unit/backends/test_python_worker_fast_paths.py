@@ -1,10 +1,10 @@
-"""The Python-model worker's per-request shortcut for received inputs gives exactly what the general tensor transport gives."""
+"""The Python-model worker's per-request shortcuts (received inputs, input lookup, freeing a batch's message) behave exactly like the general paths."""
 
 from __future__ import annotations
 
 import pickle
-import weakref
 import uuid
+import weakref
 
 import numpy as np
 import pytest
