@@ -101,6 +101,9 @@ async def measure(model: str, awaits: bool) -> tuple[float, float, float]:
     except TypeError:  # a tree from before that option, when comparing trees
         servicer = InferenceServicer(server)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, h2)
+    if hasattr(servicer, "serialized_infer_handler"):  # as GrpcFrontend serves ModelInfer (trees that have it)
+        h2.add_registered_method_handlers("inference.GRPCInferenceService",
+                                          {"ModelInfer": servicer.serialized_infer_handler()})
     conn, transport = H2Connection(h2), _CountingTransport()
     conn.connection_made(transport)
     # as load.py's client does: windows large enough that answers never wait for WINDOW_UPDATE

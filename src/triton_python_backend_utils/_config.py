@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from triton_python_backend_utils._request import InferenceRequest
+
 _INPUT_KEYS = ("name", "data_type", "dims", "optional", "reshape", "is_shape_tensor")
 _OUTPUT_KEYS = ("name", "data_type", "dims", "reshape", "is_shape_tensor", "label_filename")
 _LEN = struct.Struct("<I")
@@ -114,6 +116,12 @@ class ModelConfig:
 
 
 def get_input_tensor_by_name(inference_request: Any, name: str) -> Any:
+    if type(inference_request) is InferenceRequest and inference_request._handle is not None:
+        # A request received in execute(): its inputs are the worker's own Tensor objects.
+        for tensor in inference_request._inputs:
+            if tensor._name == name:
+                return tensor
+        return None
     for tensor in inference_request.inputs():
         if tensor.name() == name:
             return tensor

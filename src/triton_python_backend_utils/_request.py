@@ -216,7 +216,7 @@ class InferenceRequest:
                   model_version: int) -> InferenceRequest:
         request = cls.__new__(cls)
         request._inputs = inputs
-        request._requested = list(requested)
+        request._requested = requested  # a tuple: read-only here (requested_output_names() gives a list)
         request._model_name = model_name
         request._model_version = model_version
         request._request_id = request_id

@@ -5,7 +5,14 @@ of 3): giving every request a task from the start instead served 0.16-0.73x the 
 Python 3.12's `asyncio.Task(..., eager_start=True)` does this publicly; 3.11 has no public way to
 start a task eagerly, so the coroutine is stepped here with the coroutine protocol
 (`send(None)`), and a future it then waits on is handed to the task that goes on exactly as a
-task's own step would (`_hand_over()`).
+task's own step would.
+
+Taking delivery of that future: awaiting a pending future marks it as waited on (the `_asyncio_future_blocking`
+field of asyncio's Future protocol, asyncio/futures.py) until the driver of the coroutine clears
+the mark; while it is set, any other coroutine awaiting the same future fails ("await wasn't used
+with future"). Several requests may wait on one future (a model loading on demand), so the mark is
+cleared at once, as Task does when its step receives a future. The one private field this module
+touches; on Python 3.12 `eager_start` makes it unnecessary.
 """
 
 from __future__ import annotations
@@ -27,7 +34,18 @@ def run_first_step(coroutine: Coroutine[Any, Any, Any], resume: Resume) -> async
     should create the task that goes on); after a bare yield, `resume` is called at once. Errors
     raised by the first step propagate to the caller.
     """
-    return run_next_step(coroutine, contextvars.copy_context(), resume)
+    # run_next_step written out: one call fewer on every request's path
+    context = contextvars.copy_context()
+    try:
+        awaited = context.run(coroutine.send, None)
+    except StopIteration:
+        return None
+    if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):
+        awaited._asyncio_future_blocking = False  # delivery taken, as a Task does (module docstring)
+        awaited.add_done_callback(lambda _: resume(coroutine, context))
+        return awaited
+    resume(coroutine, context)
+    return None
 
 
 def run_next_step(coroutine: Coroutine[Any, Any, Any], context: contextvars.Context, resume: Resume) -> asyncio.Future[Any] | None:
@@ -42,21 +60,8 @@ def run_next_step(coroutine: Coroutine[Any, Any, Any], context: contextvars.Cont
     except StopIteration:
         return None
     if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):  # (the usual future told apart without a call)
-        _hand_over(awaited)
+        awaited._asyncio_future_blocking = False  # delivery taken, as a Task does (module docstring)
         awaited.add_done_callback(lambda _: resume(coroutine, context))
         return awaited
     resume(coroutine, context)
     return None
-
-
-def _hand_over(future: asyncio.Future[Any]) -> None:
-    """Take delivery of a future the stepped coroutine waits on, as asyncio's Task does.
-
-    Awaiting a pending future marks it as waited on (the `_asyncio_future_blocking` field of
-    asyncio's Future protocol, asyncio/futures.py) until the driver of the coroutine clears the
-    mark; while it is set, any other coroutine awaiting the same future fails ("await wasn't used
-    with future"). Several requests may wait on one future (a model loading on demand), so it is
-    cleared here, at once, as Task does when its step receives a future. The one private field
-    this module touches; on Python 3.12 `eager_start` makes it unnecessary.
-    """
-    future._asyncio_future_blocking = False

@@ -297,7 +297,7 @@ def test_a_lone_worker_holds_at_most_its_pipeline_depth_and_the_rest_is_pending(
         worker = instance.pid
         first = asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(1.0)), server._loop)
         wait_until(lambda: (model_dir / "markers" / f"executing-{worker}").exists())
-        instance._depth = 2  # what a model with executions this long settles on
+        assert instance._depth == 2  # nothing timed yet: two batches, as for a model with long executions
         later = [asyncio.run_coroutine_threadsafe(_infer_async(server, "pids", _sleep_request(0)), server._loop)
                  for _ in range(2)]
         wait_until(lambda: model.scheduler.pending() == 2)

@@ -9,6 +9,7 @@ import uuid
 import numpy as np
 import pytest
 
+from naiad.runtime.process import tensors
 from naiad.runtime.process.framing import FrameDecoder, encode
 from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
@@ -133,6 +134,29 @@ def test_small_tensors_travel_inline_without_a_block(prefix):
     assert unpack_one(None, metas[1][0], copy=True).shape == (0, 2)
     big = np.zeros(INLINE_MAX // 4 + 1, np.float32)
     assert pack(pool, [[("B", "FP32", big)]])[0] is not None  # past the limit: shared memory
+    pool.close()
+
+
+def test_one_pass_inline_packing_matches_the_general_path(prefix):
+    pool = BlockPool(prefix)
+    square = np.arange(16, dtype=np.float32).reshape(4, 4)
+    groups = [
+        [("C", "FP32", square), ("T", "FP32", square.T), ("S", "FP32", square[:, ::2]),
+         ("F", "FP32", np.asfortranarray(square)), ("Z", "INT64", np.zeros((0, 2), np.int64))],
+        [],
+        [("B", "BOOL", np.array([True, False])), ("H", "BF16", np.array([0x3F80], np.uint16)),
+         ("0", "INT32", np.array(5, np.int32))],
+    ]
+    block, metas = pack(pool, groups)
+    assert block is None and (block, metas) == tensors._pack_general(pool, groups, INLINE_MAX)
+    assert all(type(meta[3]) is bytearray for group in metas for meta in group if meta[4])
+    # Up to the limit inline, past it in shared memory, as the general path decides.
+    fits = np.zeros(INLINE_MAX // 4, np.float32)
+    assert pack(pool, [[("A", "FP32", fits)]]) == (None, [[("A", "FP32", fits.shape, bytearray(fits), INLINE_MAX)]])
+    block, metas = pack(pool, [[("A", "FP32", fits), ("B", "FP32", square)]])
+    assert block is not None and [meta[3] for meta in metas[0]] == [0, INLINE_MAX]
+    pool.release(block)
+    assert pool.in_use() == 0
     pool.close()
 
 

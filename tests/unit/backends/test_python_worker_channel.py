@@ -115,6 +115,29 @@ def test_receive_takes_whole_split_and_joined_frames_in_order():
         peer.close()
 
 
+def test_the_rest_of_a_split_frame_is_not_taken_for_a_whole_one():
+    """A read that completes a buffered frame is never decoded on its own, even when its first bytes
+    happen to read as the length of the rest (the one-message shortcut must not apply to it)."""
+    payload = bytearray(64)
+    frame = encode(("m", bytes(payload)))
+    split = frame.index(bytes(payload)) + 8  # inside the payload
+    rest = len(frame) - split
+    payload[8:12] = (rest - 4).to_bytes(4, "little")  # the rest starts like a frame of exactly its size
+    frame = encode(("m", bytes(payload)))
+    assert int.from_bytes(frame[split:split + 4], "little") == len(frame) - split - 4
+    peer = _Peer()
+    channel = peer.channel()
+    try:
+        peer.sendall(frame[:split])
+        threading.Timer(0.02, peer.sendall, (frame[split:],)).start()
+        assert channel.receive() == ("m", bytes(payload))
+        peer.sendall(encode(("m", 1)))  # and whole frames still arrive as such
+        assert channel.receive() == ("m", 1)
+    finally:
+        channel.close()
+        peer.close()
+
+
 def test_a_message_larger_than_the_pipe_arrives_whole():
     peer = _Peer()
     channel = peer.channel()

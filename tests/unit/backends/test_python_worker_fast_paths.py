@@ -1,9 +1,10 @@
-"""The Python-model worker's per-request shortcut for received inputs gives exactly what the general tensor transport gives."""
+"""The Python-model worker's per-request shortcuts (received inputs, input lookup, freeing a batch's message) behave exactly like the general paths."""
 
 from __future__ import annotations
 
 import pickle
 import uuid
+import weakref
 
 import numpy as np
 import pytest
@@ -54,3 +55,51 @@ def test_received_inputs_match_the_general_unpacking(host):
     assert pb_utils.get_input_tensor_by_name(requests[0], "B").as_numpy().tolist() == [[-3, 7]]
     assert requests[0].release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
     assert requests[0].requested_output_names() == ["OUT"]
+
+
+def test_a_batch_message_is_freed_before_the_worker_waits_for_the_next(host):
+    """The previous batch's message (and the input buffers it carries) is released once the batch ran,
+    not when the next message arrives (which would put that work on the next request's path)."""
+
+    class Payload:  # stands in for a batch's input buffers
+        pass
+
+    payload = Payload()
+    gone = weakref.ref(payload)
+    messages = [("x", 1, payload)]
+    del payload
+    seen: list[bool] = []
+
+    class Inbox:
+        def next_command(self) -> tuple:
+            if messages:
+                return messages.pop()
+            seen.append(gone() is None)  # waiting for the next message: the last one is gone already
+            return ("f",)
+
+    ran: list[int] = []
+    host.runtime.inbox = Inbox()
+    host._run_batch = lambda message: ran.append(message[1])
+    host._finalize = lambda: None
+    host._command_loop()
+    assert ran == [1] and seen == [True]
+
+
+def test_input_lookup_by_name_is_the_same_for_received_and_built_requests(host):
+    block, metas = pack(None, [INLINE_GROUPS[0]])
+    received = host._requests(("x", 1, block, [("", 0, 0, "{}", 0, (), metas[0])], []))[0]
+    for name in ("A", "B"):
+        expected = next(t for t in received.inputs() if t.name() == name)
+        assert pb_utils.get_input_tensor_by_name(received, name) is expected
+    assert pb_utils.get_input_tensor_by_name(received, "missing") is None
+
+    class Renamed(pb_utils.Tensor):  # a model's own Tensor subclass: its name() is what counts
+        __slots__ = ()
+
+        def name(self) -> str:
+            return "renamed"
+
+    tensor = Renamed("A", np.zeros(2, np.float32))
+    built = pb_utils.InferenceRequest(model_name="m", inputs=[tensor], requested_output_names=[])
+    assert pb_utils.get_input_tensor_by_name(built, "renamed") is tensor
+    assert pb_utils.get_input_tensor_by_name(built, "A") is None

@@ -161,3 +161,69 @@ def test_a_call_cancelled_while_it_waits_ends_without_a_task(loop: asyncio.Abstr
         conn.connection_lost(None)
 
     loop.run_until_complete(scenario())
+
+
+def test_calls_split_across_reads_at_any_byte_are_answered_alike(loop: asyncio.AbstractEventLoop) -> None:
+    """Frames are read straight from what was received when nothing is buffered: a read that ends inside a
+    frame (its header or its payload) keeps the rest for the next read, whichever way the bytes come."""
+    async def scenario(cut: int) -> None:
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(_echo), 100)
+        conn.data_received(w.PREFACE + w.settings_frame({}))
+        data = _call(1, block, b"first") + _call(3, block, b"second")
+        conn.data_received(data[:cut])
+        conn.data_received(data[cut:])
+        frames = _frames(bytes(transport.out))
+        answers = [(f[2], f[3]) for f in frames if f[0] == w.DATA]
+        assert answers == [(1, b"\0\0\0\0\x05first"), (3, b"\0\0\0\0\x06second")], cut
+        assert not conn.streams and not conn._rbuf and not [f for f in frames if f[0] == w.GOAWAY]
+        conn.connection_lost(None)
+
+    size = len(_call(1, b"", b"first")) + 2 * 40  # covers both calls' frame headers and payloads
+    for cut in range(1, size):
+        loop.run_until_complete(scenario(cut))
+
+
+def test_calls_sent_a_byte_at_a_time_are_answered(loop: asyncio.AbstractEventLoop) -> None:
+    async def scenario() -> None:
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(_echo), 100)
+        data = w.PREFACE + w.settings_frame({}) + _call(1, block, b"a") + _call(3, block, b"bc")
+        for i in range(len(data)):
+            conn.data_received(data[i:i + 1])
+        answers = [(f[2], f[3]) for f in _frames(bytes(transport.out)) if f[0] == w.DATA]
+        assert answers == [(1, b"\0\0\0\0\x01a"), (3, b"\0\0\0\0\x02bc")]
+        assert not conn.streams and not conn._rbuf
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())
+
+
+def test_an_answer_before_the_client_half_closed_resets_the_stream_in_the_same_write(
+        loop: asyncio.AbstractEventLoop) -> None:
+    """A client-streaming call answered while the client may still send: the answer and RST_STREAM(NO_ERROR)
+    go out together, and later DATA for the stream is ignored."""
+    async def first(requests: object, context: object) -> bytes:
+        async for request in requests:  # type: ignore[attr-defined]
+            return b"got " + request
+        return b"none"
+
+    async def scenario() -> None:
+        conn, transport, block = _one_method_connection(grpc.stream_unary_rpc_method_handler(first), 100)
+        writes: list[bytes] = []
+        transport.write = writes.append  # type: ignore[method-assign]
+        conn.data_received(w.PREFACE + w.settings_frame({}))
+        writes.clear()
+        conn.data_received(w.frame(w.HEADERS, w.END_HEADERS, 1, block)
+                           + w.frame(w.DATA, 0, 1, b"\0\0\0\0\x01x"))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(writes) == 1
+        frames = _frames(writes[0])
+        assert [(f[0], f[2]) for f in frames] == [(w.HEADERS, 1), (w.DATA, 1), (w.HEADERS, 1), (w.RST_STREAM, 1)]
+        assert frames[1][3] == b"\0\0\0\0\x05got x" and frames[2][1] & w.END_STREAM
+        assert struct.unpack(">I", frames[3][3])[0] == w.NO_ERROR
+        conn.data_received(w.frame(w.DATA, w.END_STREAM, 1, b"\0\0\0\0\x01y"))  # sent before it saw the reset
+        await asyncio.sleep(0)
+        assert len(writes) == 1 and not conn.streams and conn.handlers == 0
+        conn.connection_lost(None)
+
+    loop.run_until_complete(scenario())

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from naiad.frontends.http.body import RequestHeaders, decompress_body, read_body
+from naiad.frontends.http.body import RequestHeaders, body_at_hand, decompress_body, read_body
 from naiad.frontends.http.compression import choose_encoding, compress
 from naiad.frontends.http.errors import ClientDisconnected, HttpError
 from naiad.frontends.http.infer_codec import (
@@ -268,6 +268,37 @@ def _receiver(messages):
         await asyncio.sleep(3600)
 
     return receive
+
+
+def test_a_body_at_hand_is_refused_past_the_limit_as_a_read_one():
+    """naiad.take_body's body is held to --http-max-input-size with read_body's messages: its declared
+    size when it has one, else "more than"; a declared size past the limit is refused before it arrives."""
+    def scope_taking(body):
+        return {"extensions": {"naiad.take_body": lambda receive: body}}
+
+    assert body_at_hand(scope_taking(b"abcdef"), None, RequestHeaders(content_length=b"6"), 6) == b"abcdef"
+    assert body_at_hand(scope_taking(None), None, RequestHeaders(content_length=b"6"), 6) is None
+    assert body_at_hand({}, None, RequestHeaders(content_length=b"6"), 6) is None  # another server: read_body
+    for body, headers, shown in ((b"abcdefg", RequestHeaders(content_length=b"7"), "7 bytes"),
+                                 (b"abcdefg", RequestHeaders(chunked=True), "more than 6 bytes"),
+                                 (None, RequestHeaders(content_length=b"7"), "7 bytes")):
+        with pytest.raises(HttpError) as info:
+            body_at_hand(scope_taking(body), None, headers, 6)
+        assert info.value.close and f"Request JSON size of {shown} exceeds the maximum allowed value of 6 bytes" in info.value.message
+
+
+def test_output_plans_of_requests_do_not_leak_into_each_other():
+    """A request naming outputs gets its own plan: the next request naming none still gets every
+    output as JSON."""
+    plain = orjson.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}]})
+    named = orjson.dumps({"inputs": [{"name": "X", "datatype": "INT32", "shape": [1], "data": [1]}],
+                          "outputs": [{"name": "Y", "parameters": {"binary_data": True}}],
+                          "parameters": {"binary_data_output": True}})
+    _, first = decode_infer_request("m", "", plain, None)
+    _, other = decode_infer_request("m", "", named, None)
+    _, again = decode_infer_request("m", "", plain, None)
+    assert other.is_binary("Y") and other.is_binary("Z")
+    assert not first.is_binary("Y") and not again.is_binary("Y") and not again.is_binary("Z")
 
 
 def test_read_body_limits():

@@ -225,6 +225,30 @@ def test_a_whole_answer_is_left_to_asgi_messages_while_writing_is_paused():
         loop.close()
 
 
+def test_whole_answers_are_counted_and_close_only_the_connections_that_end():
+    """An answer written whole (naiad.send_response) counts in the server's total as an ASGI one does; a
+    kept-alive one leaves the connection open, one to a request that ends the connection closes it."""
+    from naiad.frontends.http.connection import send_response
+
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        conn = _in_memory_connection(loop, written)
+        scope = {"method": "POST", "http_version": "1.1"}
+        assert send_response(Exchange(conn, scope, keep_alive=True, expect_continue=False).send, 200, b"", b"x")
+        assert conn.server_state.total_requests == 1 and not conn.closing
+        exchange = Exchange(conn, scope, keep_alive=True, expect_continue=False)
+        loop.run_until_complete(exchange.send({"type": "http.response.start", "status": 200, "headers": []}))
+        loop.run_until_complete(exchange.send({"type": "http.response.body", "body": b"y"}))
+        assert conn.server_state.total_requests == 2 and not conn.closing
+        assert send_response(Exchange(conn, scope, keep_alive=False, expect_continue=False).send, 200, b"", b"z")
+        assert conn.server_state.total_requests == 3 and conn.closing
+        assert written[-1] == b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\nconnection: close\r\n\r\nz"
+        conn.connection_lost(None)
+    finally:
+        loop.close()
+
+
 def test_a_keep_alive_connection_writes_the_date_the_server_has_now():
     """uvicorn renews the server's default headers (their Date) every second: an answer on a connection
     opened earlier carries the current ones, through either way of writing an answer."""

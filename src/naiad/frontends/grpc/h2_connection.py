@@ -42,6 +42,7 @@ MAX_HEADER_BLOCK = 256 << 10      # an encoded block (with CONTINUATIONs) larger
 QUEUED_REQUESTS_LIMIT = 64        # streamed requests waiting for the handler before the window stays shut
 _PAIR = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
+_FRAME_HEAD = struct.Struct(">BHBBI")  # 24-bit length (as 8 + 16 bits), type, flags, stream id
 
 
 class ConnectionError_(Exception):
@@ -174,35 +175,40 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             data = self._check_preface(data)
             if data is None:
                 return
-        self._rbuf += data
-        if not self._yielded:  # else a later turn is already set to go on with the buffer
-            self._process()
+        if self._rbuf or self._penalty is not None:  # (frames left for a later turn are in the buffer)
+            self._rbuf += data
+            if not self._yielded:  # else a later turn is already set to go on with the buffer
+                self._process()
+        else:
+            self._process(data)  # the usual case: whole frames, read from `data` without a copy to the buffer
 
     def _process_later(self) -> None:
         if not self._closed:
             self._process()
 
-    def _process(self) -> None:
-        """Handle the complete frames in the read buffer, at most FRAMES_PER_TURN / BYTES_PER_TURN of them;
-        what they (and the calls they complete at once) write goes out in one write."""
+    def _process(self, data: bytes | None = None) -> None:
+        """Handle the complete frames in `data` (when the read buffer is empty) or in the read buffer, at
+        most FRAMES_PER_TURN / BYTES_PER_TURN of them; what is left is kept in the read buffer. What they
+        (and the calls they complete at once) write goes out in one write."""
         self._yielded = False
         if self._penalty is not None:
             return  # the buffer waits for _end_penalty
         self._in_turn = True
         try:
-            self._handle_frames()
+            self._handle_frames(self._rbuf if data is None else data)
         finally:
             self._in_turn = False
         self._flush()
-        self._update_reading()
+        if self._yielded or self._paused or self._penalty is not None or self._reading_paused:
+            self._update_reading()  # (called only when reading may have to pause or resume)
 
-    def _handle_frames(self) -> None:
-        buf = self._rbuf
+    def _handle_frames(self, buf: bytes | bytearray) -> None:
         pos, end, frames = 0, len(buf), 0
         max_frame = w.DEFAULT_FRAME_SIZE
         try:
             while end - pos >= 9:
-                length = (buf[pos] << 16) | (buf[pos + 1] << 8) | buf[pos + 2]
+                high, low, ftype, flags, sid = _FRAME_HEAD.unpack_from(buf, pos)
+                length = (high << 16) | low
                 if length > max_frame:
                     raise ConnectionError_(w.FRAME_SIZE_ERROR, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                 if end - pos - 9 < length:
@@ -213,12 +219,16 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     self._yielded = True  # the other connections get their turn first
                     self.loop.call_soon(self._process_later)
                     break
-                ftype, flags = buf[pos + 3], buf[pos + 4]
-                sid = _U32.unpack_from(buf, pos + 5)[0] & 0x7FFFFFFF
-                payload = bytes(buf[pos + 9:pos + 9 + length])
+                sid &= 0x7FFFFFFF
+                payload = buf[pos + 9:pos + 9 + length]
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
                 pos += 9 + length
                 frames += 1
-                self._on_frame(ftype, flags, sid, payload)
+                if ftype == w.DATA and self._settings_seen and not self._headers_sid:
+                    self._on_data(flags, sid, payload)  # (what _on_frame would do, a call fewer per request)
+                else:
+                    self._on_frame(ftype, flags, sid, payload)
                 if self._closed:
                     return
         except ConnectionError_ as err:
@@ -229,8 +239,11 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._connection_error(w.INTERNAL_ERROR, "internal error")
             return
         finally:
-            if pos:
-                del buf[:pos]
+            if buf is self._rbuf:
+                if pos:
+                    del buf[:pos]
+            elif pos < end and not self._closed:
+                self._rbuf += memoryview(buf)[pos:]
         if self._ready:
             self._start_ready()
         if len(self._blocked) >= lim.STALLED_STREAMS and self._penalty is None:
@@ -700,7 +713,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._held -= stream.held  # the request is the call's now
             stream.held = 0
             start(self, stream, message)
-        self._credit_connection()
+        if self._recv_unacked >= RECV_CONN_WINDOW // 2 or self._held > lim.HELD_BYTES_LIMIT:
+            self._credit_connection()  # (called only when it may grant: this runs for every call)
 
     def handler_done(self, _: object = None) -> None:
         self.handlers -= 1

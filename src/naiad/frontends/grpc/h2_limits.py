@@ -91,7 +91,8 @@ class TokenBucket:
         return True
 
     def give(self, tokens: float) -> None:
-        self._tokens = min(self._burst, self._tokens + tokens)
+        if self._tokens < self._burst:  # (a well-behaved client's bucket stays full)
+            self._tokens = min(self._burst, self._tokens + tokens)
 
     def wait(self) -> float:
         """Seconds from the last `take()` until a token is there again."""

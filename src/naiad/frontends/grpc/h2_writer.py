@@ -112,10 +112,21 @@ class FrameWriter:
         stream.headers_sent = stream.finished = True
         self._send_window -= size
         stream.send_window -= size
-        self._data_written()
-        self._write(w.ok_response(stream.sid, payload))
-        self._ended(stream)
-        self._flush_answer()
+        frames = w.ok_response(stream.sid, payload)
+        if stream.recv_closed:
+            # the usual case: nothing more is written for the call, so its bookkeeping waits for the write
+            if self._out or self._in_turn or self.handlers > 1:
+                self._write(frames)
+                self._flush_answer()
+            else:
+                self.transport.write(frames)  # as _flush_answer would, without the list
+            self._data_written()
+            self._ended(stream)
+        else:
+            self._write(frames)
+            self._data_written()
+            self._ended(stream)  # writes RST_STREAM(NO_ERROR): with the answer
+            self._flush_answer()
         self._release(stream, False)
 
     def _pump(self, stream: Stream) -> None:

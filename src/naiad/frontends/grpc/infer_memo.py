@@ -50,10 +50,11 @@ class _Layout:
 
 @dataclass(frozen=True, slots=True)
 class _Serialized:
-    """A remembered layout as serialized: the message up to its raw tensors, then each tensor's field head."""
+    """A remembered layout as serialized: the message up to its raw tensors, then for each tensor its
+    field head, where that head is and where its bytes start and end (the message's length is fixed)."""
 
     prefix: bytes
-    heads: tuple[bytes, ...]
+    tensors: tuple[tuple[bytes, int, int, int, _Input], ...]
     layout: _Layout
 
 
@@ -88,27 +89,23 @@ def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceR
         inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
                                  {}, None))
     return InferenceRequest(layout.model_name, inputs, layout.model_version, request_id,
-                            [RequestedOutput(name) for name in layout.outputs])
+                            [RequestedOutput(name, {}, 0, None) for name in layout.outputs])
 
 
 def _build_serialized(message: bytes, serialized: _Serialized) -> InferenceRequest | None:
-    """The request of a message that starts with the remembered prefix, when the rest is its raw
-    tensors with the remembered field heads (their sizes); None when it is other fields."""
-    pos = len(serialized.prefix)
-    layout = serialized.layout
+    """The request of a message of the remembered length that starts with the remembered prefix, when
+    its raw tensors have the remembered field heads (their sizes); None when it is other fields.
+    Every field is passed (no default factories): about 1 us a request less than building it by name."""
     inputs = []
-    for head, spec in zip(serialized.heads, layout.inputs):
-        if not message.startswith(head, pos):
+    for head, at, start, end, spec in serialized.tensors:
+        if not message.startswith(head, at):
             return None
-        pos += len(head)
-        buffer = message[pos:pos + spec.nbytes]  # its own bytes: aligned, as protobuf's are
-        pos += spec.nbytes
-        inputs.append(InferInput(spec.name, spec.datatype, spec.shape, np.ndarray(spec.shape, spec.dtype, buffer),
-                                 {}, None))
-    if pos != len(message):
-        return None
+        # message[start:end]: its own bytes, aligned, as protobuf's are
+        inputs.append(InferInput(spec.name, spec.datatype, spec.shape,
+                                 np.ndarray(spec.shape, spec.dtype, message[start:end]), {}, None))
+    layout = serialized.layout
     return InferenceRequest(layout.model_name, inputs, layout.model_version, "",
-                            [RequestedOutput(name) for name in layout.outputs])
+                            [RequestedOutput(name, {}, 0, None) for name in layout.outputs])
 
 
 class InferDecoder:
@@ -166,10 +163,15 @@ class InferDecoder:
         heads = tuple(_RAW_INPUT_TAG + _varint(len(buffer)) for buffer in buffers)
         if message != key + b"".join(head + buffer for head, buffer in zip(heads, buffers)):
             return  # fields in another order, or unknown fields the key has moved: not this layout's bytes
+        tensors = []
+        pos = len(key)
+        for head, spec in zip(heads, layout.inputs):
+            tensors.append((head, pos, pos + len(head), pos + len(head) + spec.nbytes, spec))
+            pos += len(head) + spec.nbytes
         if self._serialized_count >= MEMO_LIMIT:
             self._serialized.clear()
             self._serialized_count = 0
-        self._serialized.setdefault(len(message), []).append(_Serialized(key, heads, layout))
+        self._serialized.setdefault(len(message), []).append(_Serialized(key, tuple(tensors), layout))
         self._serialized_count += 1
 
 

@@ -174,7 +174,10 @@ class InferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest | bytes, context: Any) -> pb.ModelInferResponse | bytes:
         # guarded's error handling, inline: the hottest call is spared a coroutine layer
         try:
-            decoded = self._decode(request)
+            # a request laid out as one seen before is decoded here, without the call to _decode
+            decoded = self._decoder.decode_serialized(request) if type(request) is bytes else None
+            if decoded is None:
+                decoded = self._decode(request)
             if propagating():
                 with incoming_traceparent(context.invocation_metadata() or ()):
                     response = await self._inference.infer(decoded)

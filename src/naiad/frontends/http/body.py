@@ -70,12 +70,13 @@ def body_at_hand(scope: dict[str, Any], receive: Receive, headers: RequestHeader
     take = scope["extensions"].get("naiad.take_body") if "extensions" in scope else None
     if take is None:
         return None
-    declared = headers.declared_length()
-    if declared is not None and declared > limit:
-        raise body_too_large(declared, limit)
     body = take(receive)
-    if body is not None and len(body) > limit:
-        raise body_too_large(None, limit)
+    if body is None or len(body) > limit:  # (Content-Length is looked at only then: a body at hand has that length)
+        declared = headers.declared_length()
+        if declared is not None and declared > limit:
+            raise body_too_large(declared, limit)
+        if body is not None:
+            raise body_too_large(None, limit)
     return body
 
 

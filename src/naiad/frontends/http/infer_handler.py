@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,7 @@ class InferHandler:
             try:
                 if headers.content_encoding is not None:
                     body = decompress_body(body, headers.content_encoding, limit)
-                header_length = parse_header_length(headers.infer_header_length, len(body))
+                header_length = None if headers.infer_header_length is None else parse_header_length(headers.infer_header_length, len(body))
                 if header_length == 0:  # a raw binary body: the model's config shapes its one input
                     resolved = await self.inference.resolve(model, version)
                     request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
@@ -106,9 +107,33 @@ class InferHandler:
                 if resolved is None:
                     self.inference.check_servable(model, version)
                 raise
-            payload, json_length = await until_disconnect(
-                receive, infer_decoded(self.inference, request, plan, scope, self.forward_headers, resolved), scope
-            )
+            hook = scope["extensions"].get("naiad.on_disconnect") if "extensions" in scope else None
+            if hook is not None and self.forward_headers is None and not propagating():
+                # until_disconnect(infer_decoded(...)) written out in this coroutine: two coroutines
+                # fewer to make and to resume through (about 0.6 us of CPU per request)
+                gone = False
+
+                def lost() -> None:
+                    nonlocal gone
+                    gone = True
+
+                hook(lost)
+                try:
+                    response = await self.inference.infer(request, resolved)
+                except DecoupledModelError:
+                    raise unsupported(DECOUPLED_MESSAGE) from None
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if gone and (current is None or current.uncancel() == 0):
+                        raise ClientDisconnected() from None
+                    raise
+                finally:
+                    hook(None)
+                payload, json_length = encode_infer_response(response, plan)
+            else:
+                payload, json_length = await until_disconnect(
+                    receive, infer_decoded(self.inference, request, plan, scope, self.forward_headers, resolved), scope
+                )
         except ClientDisconnected:
             return
         except (NaiadError, HttpError) as exc:

@@ -26,6 +26,11 @@ class FrameDecoder:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
+    @property
+    def buffered(self) -> bool:
+        """True while part of a message waits for the rest."""
+        return bool(self._buffer)
+
     def feed(self, data: bytes | memoryview) -> list[Any]:
         buffer = self._buffer
         if not buffer and len(data) >= 4 and _HEADER.unpack_from(data)[0] == len(data) - 4:
@@ -97,8 +102,12 @@ class BlockingChannel:
             count = os.readv(self._read_fd, self._buffers)
             if not count:
                 raise EOFError("connection closed")
-            messages = self._decoder.feed(self._view[:count])
-            if len(messages) == 1:  # the usual read: one whole message, nothing to queue
+            view = self._view
+            # The usual read, exactly one whole message: decoded here, without the decoder's list.
+            if count > 4 and _HEADER.unpack_from(view)[0] == count - 4 and not self._decoder.buffered:
+                return pickle.loads(view[4:count])
+            messages = self._decoder.feed(view[:count])
+            if len(messages) == 1:
                 return messages[0]
             pending.extend(messages)
         return pending.pop(0)

@@ -59,3 +59,6 @@ class WorkerHost(ABC):
             elif kind == "f":
                 self._finalize()
                 return
+            # Freed now, after the reply went out, rather than once the next message has arrived (then
+            # on that request's path: ~0.3 us for a small batch's message and its input buffers).
+            del message

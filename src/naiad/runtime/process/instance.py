@@ -140,9 +140,9 @@ class ProcessInstance:
         self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
         self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self._depth = PIPELINE_DEPTH
         self._awaiting_room = 0  # batches waiting for room in the pipeline (at most one: it holds the instance)
         self._execution_ns = 0.0  # moving average of the worker's execution time
+        self._timed = False  # an execution time came back (until then the depth is PIPELINE_DEPTH)
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
         self._unfinished: asyncio.Future[Any] | None = None  # a batch whose caller was cancelled mid-execute
         self._deaths = 0  # serving workers that died: what the model held in them is gone
@@ -242,7 +242,9 @@ class ProcessInstance:
             # instance, so later requests queue behind it), and is then sent at once.
             if pipeline and pipeline[0].done():
                 self._settle(pipeline)
-            if len(pipeline) >= self._depth:
+            # `_depth` is never below PIPELINE_DEPTH: worked out only when the pipeline is that long (at c=1
+            # it never is; the moving average alone costs ~0.3 us less per request).
+            if len(pipeline) >= PIPELINE_DEPTH and len(pipeline) >= self._depth:
                 await self._wait_for_room(pipeline)
         session = self._serving
         if session is None or not session.alive:
@@ -293,7 +295,12 @@ class ProcessInstance:
             timing = None if finished.cancelled() else finished.result()
             if timing is not None:
                 self._execution_ns += (timing[1] - timing[0] - self._execution_ns) * 0.125
-                self._depth = pipeline_depth(self._execution_ns)
+                self._timed = True
+
+    @property
+    def _depth(self) -> int:
+        """Batches the worker may hold now, from the moving average of its execution times."""
+        return pipeline_depth(self._execution_ns) if self._timed else PIPELINE_DEPTH
 
     def chat_template(self) -> ChatTemplate | None:
         return None  # model.py has no tokenizer the server could ask

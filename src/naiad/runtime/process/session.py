@@ -320,14 +320,16 @@ class WorkerSession:
         if transport is None or transport.is_closing():
             raise internal(f"Stub process '{self.name}' is not healthy.")
         input_types = self._input_types
-        groups = [[(name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()]
-                  for request in requests]
+        groups = []  # loops, not comprehensions: a comprehension is a function call each (3.11)
+        for request in requests:
+            groups.append([(name, input_types.get(name) or datatype_of(array), array)
+                           for name, array in request.inputs.items()])
         block, metas = pack(self.pool, groups)
-        described = [
-            (r.request_id, r.correlation_id, r.flags, json.dumps(r.parameters, default=str) if r.parameters else "{}",
-             r.timeout_us, tuple(r.requested_outputs), metas[i])
-            for i, r in enumerate(requests)
-        ]
+        described = []
+        for r, meta in zip(requests, metas):
+            described.append((r.request_id, r.correlation_id, r.flags,
+                              json.dumps(r.parameters, default=str) if r.parameters else "{}",
+                              r.timeout_us, tuple(r.requested_outputs), meta))
         self._next_batch = batch_id = self._next_batch + 1
         releases = self._releases
         if releases:  # the worker's blocks read since the last message ride along
