@@ -83,3 +83,22 @@ def test_an_infer_takes_the_body_at_hand_and_writes_its_answer_in_one_call(monke
     assert answer["outputs"][0]["name"] == "Y"
     np.testing.assert_array_equal(answer["outputs"][0]["data"], [2, 3])
     assert calls == {"receive": 0, "write_response": 1}
+
+
+def test_infer_paths_are_matched_once_each_and_the_kept_ones_are_bounded() -> None:
+    """Each infer path's (model, version) is kept after its first match, for at most _KEPT_ROUTES
+    paths (clients choose them); a path past the bound is still matched, and a path that is not an
+    infer path is neither answered as one nor kept."""
+    from naiad.frontends.workers import worker_app
+
+    async def scenario() -> WorkerApp:
+        return WorkerApp(ServerConfig(), CoreClient())
+
+    app = asyncio.run(scenario())
+    assert app._infer_route("/v2/models/m/versions/3/infer") == ("m", "3")
+    assert app._infer_route("/v2/models/m/infer/extra") is None
+    for index in range(worker_app._KEPT_ROUTES + 10):
+        assert app._infer_route(f"/v2/models/m{index}/infer") == (f"m{index}", "")
+    assert len(app._infer_routes) == worker_app._KEPT_ROUTES
+    assert app._infer_routes["/v2/models/m/versions/3/infer"] == ("m", "3")
+    assert "/v2/models/m/infer/extra" not in app._infer_routes

@@ -34,6 +34,7 @@ from naiad.observability.trace_context import find_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.http")
+_KEPT_ROUTES = 1024
 
 
 class _CoreOnly(Exception):
@@ -47,15 +48,28 @@ class WorkerApp:
         self.config = config
         self.core = core
         self.forward_headers = header_forwarder(config.http_header_forward_pattern)
+        # infer path -> (model, version), matched once per path (the pattern costs ~2k instructions a request)
+        self._infer_routes: dict[str, tuple[str, str]] = {}
+
+    def _infer_route(self, path: str) -> tuple[str, str] | None:
+        match = INFER_PATH.fullmatch(path)
+        if match is None:
+            return None
+        route = match.group(1), match.group(2) or ""
+        if len(self._infer_routes) < _KEPT_ROUTES:  # bounded: paths are the clients' to choose
+            self._infer_routes[path] = route
+        return route
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path = scope["path"]
-        if scope["method"] == "POST" and "/infer" in path and not self.config.http_restricted_api:
-            match = INFER_PATH.fullmatch(path)
-            if match is not None:
-                await self._infer(scope, receive, send, match.group(1), match.group(2) or "")
+        if scope["method"] == "POST" and not self.config.http_restricted_api:
+            route = self._infer_routes.get(path)
+            if route is None and "/infer" in path:
+                route = self._infer_route(path)
+            if route is not None:
+                await self._infer(scope, receive, send, *route)
                 return
         body = await self._read(scope, receive, send, RequestHeaders.from_scope(scope))
         if body is not None:
