@@ -15,6 +15,13 @@ T = TypeVar("T")
 WATCH_AFTER_S = 0.02
 
 
+def cancelled_by_disconnect(gone: bool) -> bool:
+    """In an `except CancelledError`: the cancel came from the connection's loss (`gone`, reported by the
+    `naiad.on_disconnect` hook) and from nothing else (no other cancel is pending on the task)."""
+    current = asyncio.current_task()
+    return gone and (current is None or current.uncancel() == 0)
+
+
 async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str, Any] | None = None) -> T:
     """Await `work` (after the whole body was read); if the client disconnects first, cancel it.
 
@@ -37,8 +44,7 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str
         try:
             return await work
         except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if gone and (current is None or current.uncancel() == 0):
+            if cancelled_by_disconnect(gone):
                 raise ClientDisconnected() from None
             raise
         finally:

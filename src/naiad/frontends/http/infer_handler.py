@@ -14,7 +14,7 @@ from naiad.frontends.http.body import (
     decompress_body,
     read_body,
 )
-from naiad.frontends.http.disconnect import until_disconnect
+from naiad.frontends.http.disconnect import cancelled_by_disconnect, until_disconnect
 from naiad.frontends.http.errors import (
     ClientDisconnected,
     HttpError,
@@ -123,8 +123,7 @@ class InferHandler:
                 except DecoupledModelError:
                     raise unsupported(DECOUPLED_MESSAGE) from None
                 except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if gone and (current is None or current.uncancel() == 0):
+                    if cancelled_by_disconnect(gone):
                         raise ClientDisconnected() from None
                     raise
                 finally:
