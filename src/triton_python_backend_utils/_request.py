@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from triton_python_backend_utils import _runtime
@@ -195,7 +196,7 @@ class InferenceRequest:
         if not isinstance(correlation_id, (int, str)):
             raise TritonModelException("correlation_id must be an int or a str")
         self._inputs = tensors
-        self._requested = texts(requested_output_names, "InferenceRequest requested_output_names")
+        self._requested: Sequence[str] = texts(requested_output_names, "InferenceRequest requested_output_names")
         self._model_name = model_name
         self._model_version = int(model_version)
         self._request_id = text(request_id, "InferenceRequest request_id")
