@@ -198,14 +198,17 @@ def test_delay_action_batches_expired_requests_last():
     async def body(batcher, rec):
         rec.gate.clear()
         first = asyncio.create_task(batcher.enqueue(_item(0)))
-        await asyncio.sleep(0.02)
+        await _until_executing(batcher)
         late = asyncio.create_task(batcher.enqueue(_item(1)))
         for _ in range(1000):  # until item 1's timer fired and moved it to the delayed list
             if any(level.delayed for level in batcher._levels):
                 break
             await asyncio.sleep(0.005)
         fresh = asyncio.create_task(batcher.enqueue(_item(2, timeout_us=60_000_000)))
-        await asyncio.sleep(0.01)
+        for _ in range(1000):  # until item 2 waits in the queue beside the delayed item 1
+            if batcher.pending() == 2:
+                break
+            await asyncio.sleep(0.005)
         rec.gate.set()
         await asyncio.gather(first, late, fresh)
         return rec.batches
