@@ -86,19 +86,21 @@ def test_an_infer_takes_the_body_at_hand_and_writes_its_answer_in_one_call(monke
 
 
 def test_infer_paths_are_matched_once_each_and_the_kept_ones_are_bounded() -> None:
-    """Each infer path's (model, version) is kept after its first match, for at most _KEPT_ROUTES
-    paths (clients choose them); a path past the bound is still matched, and a path that is not an
-    infer path is neither answered as one nor kept."""
-    from naiad.frontends.workers import worker_app
+    """The worker routes infer paths through the HTTP port's FastRoutes: each path's (model, version)
+    is kept after its first match, for at most PATHS_KEPT paths (clients choose them); a path past the
+    bound is still matched, and a path that is not an infer path is not answered as one."""
+    from naiad.frontends.http.routes import PATHS_KEPT
 
     async def scenario() -> WorkerApp:
         return WorkerApp(ServerConfig(), CoreClient())
 
     app = asyncio.run(scenario())
-    assert app._infer_route("/v2/models/m/versions/3/infer") == ("m", "3")
-    assert app._infer_route("/v2/models/m/infer/extra") is None
-    for index in range(worker_app._KEPT_ROUTES + 10):
-        assert app._infer_route(f"/v2/models/m{index}/infer") == (f"m{index}", "")
-    assert len(app._infer_routes) == worker_app._KEPT_ROUTES
-    assert app._infer_routes["/v2/models/m/versions/3/infer"] == ("m", "3")
-    assert "/v2/models/m/infer/extra" not in app._infer_routes
+    fast = app._fast
+    target = fast.target("/v2/models/m/versions/3/infer")
+    assert target is not None and target[1] == ("m", "3")
+    assert fast.target("/v2/models/m/infer/extra") is None
+    for index in range(PATHS_KEPT + 10):
+        target = fast.target(f"/v2/models/m{index}/infer")
+        assert target is not None and target[1] == (f"m{index}", "")
+    assert len(fast.known) <= PATHS_KEPT
+    assert fast.known[f"/v2/models/m{PATHS_KEPT + 9}/infer"][1] == (f"m{PATHS_KEPT + 9}", "")

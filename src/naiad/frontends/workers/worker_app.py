@@ -26,7 +26,7 @@ from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_an
 from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
-from naiad.frontends.http.routes import INFER_PATH
+from naiad.frontends.http.routes import INFER_PATH, FastRoute, FastRoutes
 from naiad.frontends.security import header_forwarder
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient
@@ -34,7 +34,6 @@ from naiad.observability.trace_context import find_traceparent
 from naiad.protocol.errors import DecoupledModelError, NaiadError, unsupported
 
 log = logging.getLogger("naiad.http")
-_KEPT_ROUTES = 1024
 
 
 class _CoreOnly(Exception):
@@ -48,28 +47,20 @@ class WorkerApp:
         self.config = config
         self.core = core
         self.forward_headers = header_forwarder(config.http_header_forward_pattern)
-        # infer path -> (model, version), matched once per path (the pattern costs ~2k instructions a request)
-        self._infer_routes: dict[str, tuple[str, str]] = {}
-
-    def _infer_route(self, path: str) -> tuple[str, str] | None:
-        match = INFER_PATH.fullmatch(path)
-        if match is None:
-            return None
-        route = match.group(1), match.group(2) or ""
-        if len(self._infer_routes) < _KEPT_ROUTES:  # bounded: paths are the clients' to choose
-            self._infer_routes[path] = route
-        return route
+        # the HTTP port's fast-route memo: each infer path is matched once (the pattern costs ~2k
+        # instructions a request), within the same bounds as the core's own port
+        self._fast = FastRoutes((FastRoute("/infer", INFER_PATH, self._infer, lambda match: (match.group(1), match.group(2) or "")),))
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path = scope["path"]
         if scope["method"] == "POST" and not self.config.http_restricted_api:
-            route = self._infer_routes.get(path)
-            if route is None and "/infer" in path:
-                route = self._infer_route(path)
-            if route is not None:
-                await self._infer(scope, receive, send, *route)
+            fast = self._fast
+            target = fast.known[path] if path in fast.known else fast.target(path)
+            if target is not None:
+                handler, arguments = target
+                await handler(scope, receive, send, *arguments)
                 return
         body = await self._read(scope, receive, send, RequestHeaders.from_scope(scope))
         if body is not None:
