@@ -113,7 +113,9 @@ def test_responses_round_trip_through_the_flat_tuple() -> None:
 
 
 @pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((0, 16), np.int8),
-                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16)])
+                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16),
+                                   np.arange(3, dtype=np.longlong), np.arange(3, dtype=np.float16),
+                                   np.frombuffer(np.arange(4, dtype=np.uint64).tobytes(), "=u8")])
 def test_flat_tensors_come_back_as_read_only_arrays_of_their_dtype_and_shape(array: np.ndarray) -> None:
     wired = pickle.loads(pickle.dumps(tensor_to_wire(array), protocol=5))
     assert isinstance(wired, tuple)
@@ -363,7 +365,7 @@ def test_tensors_the_decoders_make_travel_flat_not_pickled() -> None:
     wired = request_to_wire(decoded)
     assert len(wired) == 4  # no outputs, parameters, priority, timeout nor sequence: the short form
     tensor = wired[3][0]
-    assert tensor[:4] == ("X", "FP32", (1, 4), "<f4") and isinstance(tensor[4], bytes) and len(tensor) == 5
+    assert tensor[:4] == ("X", "FP32", (1, 4), "f") and isinstance(tensor[4], bytes) and len(tensor) == 5
     back = request_from_wire(pickle.loads(pickle.dumps(wired, protocol=5)))
     assert back.inputs[0].data.dtype == np.float32
     np.testing.assert_array_equal(back.inputs[0].data, [[0, 1, 2, 3]])
