@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
@@ -31,7 +33,7 @@ from naiad.runtime.process.shm import (
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.runtime.process.tensors import datatype_of, pack
+from naiad.runtime.process.tensors import NUMPY_OF, datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 
@@ -83,7 +85,10 @@ class _Protocol(asyncio.Protocol):
         session = self._session
         for message in self._decoder.feed(data):
             try:
-                if message[0] == "d":  # a finished batch, the usual message: no dispatch call
+                kind = message[0]
+                if kind == "o":  # a finished batch of one request, the usual message: no dispatch call
+                    session._on_output(message)
+                elif kind == "d":
                     session._on_done(message)
                 else:
                     session.dispatch(message)
@@ -402,6 +407,31 @@ class WorkerSession:
         if not still_open:
             self._close_if_complete(batch_id, batch)
 
+    def _on_output(self, message: tuple[Any, ...]) -> None:
+        """("o", batch_id, parameters, timing, then name, datatype, shape, data of each output): a batch of
+        one request answered with numeric outputs carried in the message (see python_host._flat_outputs),
+        handled as _on_done handles the same batch in a "d" message."""
+        batch_id = message[1]
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            return
+        timing = message[3]
+        still_open = batch.open
+        if 0 in still_open:
+            still_open.discard(0)
+            outputs = {}
+            fields = iter(message[4:])
+            for name, datatype, shape, data in zip(fields, fields, fields, fields):
+                outputs[name] = np.ndarray(shape, NUMPY_OF[datatype], data)
+            parameters = message[2]
+            extra = {} if parameters == "{}" else _parameters(parameters)
+            batch.respond(0, BackendResponse(outputs, extra, None, True, True, timing))
+        batch.done = True
+        if not batch.future.done():
+            batch.future.set_result(timing)
+        if not still_open:
+            self._close_if_complete(batch_id, batch)
+
     def _reschedule(self, batch: _Batch, index: int) -> None:
         """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer
         part of this batch), or answer it with an error when the model's scheduler cannot run it again."""
@@ -460,7 +490,9 @@ class WorkerSession:
 
     def dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "d":
+        if kind == "o":
+            self._on_output(message)
+        elif kind == "d":
             self._on_done(message)
         elif kind == "r":
             self._on_response(message)
