@@ -7,6 +7,7 @@ import asyncio
 import pickle
 import uuid
 import weakref
+from typing import Any
 
 import numpy as np
 import pytest
@@ -173,3 +174,59 @@ def test_outputs_the_flat_message_cannot_carry_go_in_the_general_one(host, outpu
     host._finish(1, [request], [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", output)])], (10, 20))
     assert sent[0][0] == "d"
     host.runtime.pool.close()
+
+
+def _message_sent(requests: list[BackendRequest], input_types: dict[str, str], host: str = "python") -> Any:
+    """The message the server's session sends the worker for one batch."""
+    written: list[bytes] = []
+
+    class Pipe:
+        def is_closing(self) -> bool:
+            return False
+
+        def write(self, data: bytes) -> None:
+            written.append(data)
+
+    async def run() -> None:
+        session = WorkerSession("m_0", None, {"host": host}, input_types, None,  # type: ignore[arg-type]
+                                f"npw{uuid.uuid4().hex[:8]}_", lambda _: None)
+        session._transport = Pipe()  # type: ignore[assignment]
+        session.submit(requests, lambda i, r: None)
+        session.pool.close()
+
+    asyncio.run(run())
+    return pickle.loads(written[0][4:])
+
+
+def test_a_batch_of_one_small_numeric_request_goes_flat_and_builds_the_same_request(host):
+    inputs = {"A": np.arange(6, dtype=np.float32).reshape(2, 3).T, "B": np.array(5, np.int64),
+              "C": np.array([True, False]), "H": np.array([0x3F80], np.uint16)}
+    request = BackendRequest(inputs, ["OUT", "X"], request_id="rid", correlation_id="cid", flags=3,
+                             parameters={"p": 1}, timeout_us=77)
+    types = {"A": "FP32", "B": "INT64", "C": "BOOL", "H": "BF16"}
+    flat = _message_sent([request], types)
+    general = _message_sent([request, request], types)
+    assert flat[0] == "y" and general[0] == "x"
+    assert _message_sent([request], types, host="backend")[0] == "x"  # a tensor backend's worker: the general form
+    (by_flat,) = host._requests(flat)
+    by_general = host._requests(general)[0]
+    assert by_flat._handle == by_general._handle == (1, 0)
+    for method in ("request_id", "correlation_id", "flags", "parameters", "timeout", "requested_output_names",
+                   "model_name", "model_version", "release_flags"):
+        assert getattr(by_flat, method)() == getattr(by_general, method)(), method
+    assert type(by_flat._requested) is tuple and by_flat.parameters() == '{"p": 1}' and by_flat.timeout() == 77
+    assert [t.name() for t in by_flat.inputs()] == ["A", "B", "C", "H"]
+    for tensor, expected in zip(by_flat.inputs(), by_general.inputs()):
+        assert tensor.datatype() == expected.datatype()
+        array, wanted = tensor._array, expected._array
+        assert array.dtype == wanted.dtype and array.shape == wanted.shape and array.flags.writeable
+        np.testing.assert_array_equal(array, wanted)
+    np.testing.assert_array_equal(by_flat.inputs()[0].as_numpy(), inputs["A"])
+    assert by_flat.inputs()[1].as_numpy() == 5
+
+
+@pytest.mark.parametrize("inputs", [{"S": np.array([b"a"], dtype=np.object_)}, {"A": np.zeros((0, 2), np.float32)},
+                                    {"A": np.zeros(5000, np.float32)}, {"A": np.zeros(2, np.float64)}])
+def test_inputs_the_flat_message_cannot_carry_go_in_the_general_one(inputs):
+    message = _message_sent([BackendRequest(inputs, ["OUT"])], {"S": "BYTES", "A": "FP32"})
+    assert message[0] == "x"

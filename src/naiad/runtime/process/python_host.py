@@ -157,9 +157,15 @@ class PythonModelHost(WorkerHost):
 
     # ------------------------------------------------------------ batches
 
-    def _requests(self, message: tuple[Any, ...]) -> list[Any]:
-        _, batch_id, block, described, _ = message
+    def _requests(self, message: Any) -> list[Any]:
         runtime = self.runtime
+        if message[0] == "y":  # a batch of one request, flat (see session._flat_request)
+            inputs = []
+            for name, datatype, shape, data in message[9:]:
+                inputs.append(_tensor(name, np.ndarray(shape, NUMPY_OF[datatype], data), datatype))
+            return [_received(runtime, (message[1], 0), inputs, message[2], message[5], message[6], message[7],
+                              message[3], message[8], runtime.model_name, runtime.model_version)]
+        _, batch_id, block, described, _ = message
         view = runtime.peers.view(block) if block else None
         model_name, model_version = runtime.model_name, runtime.model_version
         requests = []
@@ -309,7 +315,7 @@ class PythonModelHost(WorkerHost):
 
 def _flat_outputs(batch_id: int, response: Any, requested: Any, timing: tuple[int, int]) -> tuple[Any, ...] | None:
     """The "o" message of a batch of one request answered with small numeric outputs: ("o", batch_id,
-    parameters, timing, then name, datatype, shape, data of each output), or None when an output does not
+    parameters, timing, then (name, datatype, shape, data) of each output), or None when an output does not
     fit it (BYTES, another dtype, empty, or too big to travel inline).
 
     What the "d" message says for such a batch, in a flat tuple: about a third fewer objects to pickle
@@ -326,7 +332,7 @@ def _flat_outputs(batch_id: int, response: Any, requested: Any, timing: tuple[in
             total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
             if total > INLINE_MAX:
                 return None
-            fields += (tensor._name, datatype, array.shape, bytearray(array.tobytes()))
+            fields.append((tensor._name, datatype, array.shape, bytearray(array.tobytes())))
     return tuple(fields)
 
 
