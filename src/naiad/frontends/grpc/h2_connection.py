@@ -225,10 +225,12 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     payload = bytes(payload)
                 pos += 9 + length
                 frames += 1
-                if ftype == w.DATA and self._settings_seen and not self._headers_sid:
-                    self._on_data(flags, sid, payload)  # (what _on_frame would do, a call fewer per request)
-                else:
+                if ftype > w.HEADERS or not self._settings_seen or self._headers_sid:
                     self._on_frame(ftype, flags, sid, payload)
+                elif ftype == w.DATA:  # DATA and HEADERS: what _on_frame would do, a call fewer per frame
+                    self._on_data(flags, sid, payload)
+                else:
+                    self._on_headers(flags, sid, payload)
                 if self._closed:
                     return
         except ConnectionError_ as err:
@@ -502,7 +504,11 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if self._held > lim.HELD_BYTES_LIMIT and stream is self._favoured():
                 self._exempt += size
         if flags & w.END_STREAM:
-            self._end_of_requests(stream)
+            if stream.message is not None and not stream.buf and not stream.finished:
+                stream.recv_closed = True  # a complete unary request: what _end_of_requests would do
+                self._ready.append(stream)
+            else:
+                self._end_of_requests(stream)
         else:
             self._credit(stream)
         if self._recv_unacked >= RECV_CONN_WINDOW // 2 or self._held > lim.HELD_BYTES_LIMIT:
@@ -615,7 +621,11 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         buf = stream.buf
         if buf is None:
             if len(payload) >= 5 and int.from_bytes(payload[1:5], "big") == len(payload) - 5 <= limit:
-                self._message(stream, payload[0], payload[5:])  # the common case: one whole message
+                # the common case: one whole message; an uncompressed unary request is kept as _message would
+                if not payload[0] and stream.requests is None and stream.handler is not None and stream.message is None:
+                    stream.message = payload[5:]
+                else:
+                    self._message(stream, payload[0], payload[5:])
                 return
             buf = stream.buf = bytearray()
         buf += payload
