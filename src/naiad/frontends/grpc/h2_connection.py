@@ -425,16 +425,18 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     def _on_headers(self, flags: int, sid: int, payload: bytes) -> None:
         if sid == 0:
             raise ConnectionError_(w.PROTOCOL_ERROR, "HEADERS on stream 0")
-        start, end = 0, len(payload)
-        if flags & w.PADDED:
-            if not payload:
+        block = payload
+        if flags & (w.PADDED | w.PRIORITY_FLAG):
+            start, end = 0, len(payload)
+            if flags & w.PADDED:
+                if not payload:
+                    raise ConnectionError_(w.PROTOCOL_ERROR, "bad padding")
+                start, end = 1, end - payload[0]
+            if flags & w.PRIORITY_FLAG:
+                start += 5
+            if end < start:
                 raise ConnectionError_(w.PROTOCOL_ERROR, "bad padding")
-            start, end = 1, end - payload[0]
-        if flags & w.PRIORITY_FLAG:
-            start += 5
-        if end < start:
-            raise ConnectionError_(w.PROTOCOL_ERROR, "bad padding")
-        block = payload[start:end] if (start or end != len(payload)) else payload
+            block = payload[start:end]
         if not flags & w.END_HEADERS:
             self._headers_sid, self._headers_block = sid, bytearray(block)
             self._headers_end_stream = bool(flags & w.END_STREAM)
@@ -565,31 +567,32 @@ class H2Connection(FrameWriter, asyncio.Protocol):
     # ------------------------------------------------------------------ calls
 
     def _open_call(self, sid: int, head: w.Head, end_stream: bool) -> None:
-        path, timeout, encoding = head.path, head.timeout, head.encoding
+        path, metadata = head.path, head.metadata
         stream = Stream(sid, self._peer_initial_window, RECV_STREAM_WINDOW, self._last_rx)
         self.streams[sid] = stream
         stream.recv_closed = end_stream
-        if not path or head.method != "POST":
-            self._http_error(stream, 405 if path else 400)
-            return
-        if not head.content_type.startswith("application/grpc"):
-            self._http_error(stream, 415)
-            return
-        metadata = head.metadata
         deadline = None
-        if timeout:
-            seconds = w.parse_timeout(timeout)
-            if seconds is None:
-                self.finish(stream, grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout: {timeout}")
+        if not head.plain:  # (the checks below pass for a plain head: ~0.1 us a call less)
+            if not path or head.method != "POST":
+                self._http_error(stream, 405 if path else 400)
                 return
-            deadline = self.loop.time() + seconds
-            stream.deadline_handle = self.loop.call_at(deadline, self._deadline_passed, stream)
-        if encoding and encoding != "identity":
-            if encoding not in ("gzip", "deflate"):
-                self.finish(stream, grpc.StatusCode.UNIMPLEMENTED,
-                            f"Compression algorithm '{encoding}' is not supported")
+            if not head.content_type.startswith("application/grpc"):
+                self._http_error(stream, 415)
                 return
-            stream.encoding = encoding
+            timeout, encoding = head.timeout, head.encoding
+            if timeout:
+                seconds = w.parse_timeout(timeout)
+                if seconds is None:
+                    self.finish(stream, grpc.StatusCode.INTERNAL, f"Invalid grpc-timeout: {timeout}")
+                    return
+                deadline = self.loop.time() + seconds
+                stream.deadline_handle = self.loop.call_at(deadline, self._deadline_passed, stream)
+            if encoding and encoding != "identity":
+                if encoding not in ("gzip", "deflate"):
+                    self.finish(stream, grpc.StatusCode.UNIMPLEMENTED,
+                                f"Compression algorithm '{encoding}' is not supported")
+                    return
+                stream.encoding = encoding
         stream.ctx = CallContext(metadata, deadline, self.peer, self.auth, self.loop)
         handler = self.server.handler(path, metadata)
         if handler is None:
@@ -620,7 +623,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         limit = self.server.max_message_size
         buf = stream.buf
         if buf is None:
-            if len(payload) >= 5 and int.from_bytes(payload[1:5], "big") == len(payload) - 5 <= limit:
+            if len(payload) >= 5 and _U32.unpack_from(payload, 1)[0] == len(payload) - 5 <= limit:
                 # the common case: one whole message; an uncompressed unary request is kept as _message would
                 if not payload[0] and stream.requests is None and stream.handler is not None and stream.message is None:
                     stream.message = payload[5:]
@@ -631,7 +634,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         buf += payload
         pos, end = 0, len(buf)
         while end - pos >= 5:
-            length = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            length = _U32.unpack_from(buf, pos + 1)[0]
             if length > limit:
                 self.finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"Received message larger than max ({length} vs. {limit})")
@@ -713,10 +716,12 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         opened and reset in the same batch never reaches the core."""
         ready, self._ready = self._ready, []
         start = self.server.start_unary
-        for i, stream in enumerate(ready):
+        started = 0  # (counted by hand: enumerate costs ~0.1 us a call)
+        for stream in ready:
             if self._penalty is not None:  # the calls after a refused message wait with the unread frames
-                self._ready = ready[i:]
+                self._ready = ready[started:]
                 break
+            started += 1
             message, stream.message = stream.message, None
             if stream.finished or message is None:
                 continue

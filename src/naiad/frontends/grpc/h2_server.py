@@ -138,7 +138,7 @@ class H2GrpcServer:
     def start_unary(self, conn: H2Connection, stream: Stream, message: bytes | w.Compressed) -> None:
         """The request of a unary-request call is complete: decode it and run the handler in a task."""
         handler = stream.handler
-        if isinstance(message, w.Compressed):
+        if type(message) is w.Compressed:
             coro = self._inflated_call(conn, stream, message)
         else:
             try:

@@ -222,7 +222,7 @@ def _stateless(block: bytes) -> bool:
 class Head:
     """What a call needs from its request headers, taken out once per distinct header block."""
 
-    __slots__ = ("method", "path", "content_type", "timeout", "encoding", "metadata")
+    __slots__ = ("method", "path", "content_type", "timeout", "encoding", "metadata", "plain")
 
     def __init__(self, headers: list[tuple[str, str]]) -> None:
         self.method = self.path = self.content_type = self.timeout = self.encoding = ""
@@ -238,6 +238,9 @@ class Head:
             elif name == "grpc-encoding":
                 self.encoding = value
         self.metadata = metadata_of(headers)
+        # a gRPC POST without a timeout or compression: a call needs no further check of its headers
+        self.plain = bool(self.path and self.method == "POST" and self.content_type.startswith("application/grpc")
+                          and not self.timeout and self.encoding in ("", "identity"))
 
 
 class HeaderDecoder:
