@@ -92,24 +92,6 @@ def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceR
                             [RequestedOutput(name, {}, 0, None) for name in layout.outputs])
 
 
-def _build_serialized(message: bytes, serialized: _Serialized) -> InferenceRequest | None:
-    """The request of a message of the remembered length that starts with the remembered prefix, when
-    its raw tensors have the remembered field heads (their sizes); None when it is other fields.
-    Every field is passed (no default factories): about 1 us a request less than building it by name."""
-    inputs = []
-    for head, at, start, end, spec in serialized.tensors:
-        if not message.startswith(head, at):
-            return None
-        # message[start:end]: its own bytes, aligned, as protobuf's are
-        inputs.append(InferInput(spec.name, spec.datatype, spec.shape,
-                                 np.ndarray(spec.shape, spec.dtype, message[start:end]), {}, None))
-    layout = serialized.layout
-    outputs = []
-    for name in layout.outputs:  # (a loop: a list comprehension is one more call here)
-        outputs.append(RequestedOutput(name, {}, 0, None))
-    return InferenceRequest(layout.model_name, inputs, layout.model_version, "", outputs)
-
-
 class InferDecoder:
     """decode_infer_request with the memo described above (one per servicer: `allow_shared_memory` is fixed)."""
 
@@ -123,10 +105,23 @@ class InferDecoder:
         """The request a serialized ModelInferRequest decodes to, when it is laid out as one remembered by
         `decode(..., serialized=)`; None otherwise (then it is parsed and decoded in full)."""
         for serialized in self._serialized.get(len(message), ()):
-            if message.startswith(serialized.prefix):
-                decoded = _build_serialized(message, serialized)
-                if decoded is not None:
-                    return decoded
+            if not message.startswith(serialized.prefix):
+                continue
+            # The request is built here, with every field passed (no default factories, no helper call):
+            # about 1 us a request less than building it by name.
+            inputs = []
+            for head, at, start, end, spec in serialized.tensors:
+                if not message.startswith(head, at):
+                    break  # another size in this tensor's field head: not this layout
+                # message[start:end]: its own bytes, aligned, as protobuf's are
+                inputs.append(InferInput(spec.name, spec.datatype, spec.shape,
+                                         np.ndarray(spec.shape, spec.dtype, message[start:end]), {}, None))
+            else:
+                layout = serialized.layout
+                outputs = []
+                for name in layout.outputs:  # (a loop: a list comprehension is one more call here)
+                    outputs.append(RequestedOutput(name, {}, 0, None))
+                return InferenceRequest(layout.model_name, inputs, layout.model_version, "", outputs)
         return None
 
     def decode(self, request: pb.ModelInferRequest, serialized: bytes | None = None) -> InferenceRequest:
