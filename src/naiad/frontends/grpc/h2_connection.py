@@ -320,7 +320,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
 
     def _data_written(self) -> None:
         self._sent_data = True
-        self._cheap.give(lim.CHEAP_FRAMES_PER_DATA)
+        cheap = self._cheap
+        if cheap.tokens < cheap.burst:  # (as in _on_header_block)
+            cheap.give(lim.CHEAP_FRAMES_PER_DATA)
 
     def _spend_cheap(self) -> None:
         if not self._cheap.take(self._last_rx):
@@ -444,10 +446,12 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._on_header_block(sid, block, bool(flags & w.END_STREAM))
 
     def _on_header_block(self, sid: int, block: bytes, end_stream: bool) -> None:
-        try:
-            head = self._decoder.decode(block)
-        except hpack.HPACKError as exc:  # the shared table is now unknown: the connection cannot go on
-            raise ConnectionError_(w.COMPRESSION_ERROR, f"HPACK: {exc}") from None
+        head = self._decoder.memo.get(block)
+        if head is None:
+            try:
+                head = self._decoder.decode(block)
+            except hpack.HPACKError as exc:  # the shared table is now unknown: the connection cannot go on
+                raise ConnectionError_(w.COMPRESSION_ERROR, f"HPACK: {exc}") from None
         stream = self.streams.get(sid)
         if stream is not None:  # trailers from the client: only END_STREAM matters
             if end_stream and not stream.recv_closed:
@@ -468,7 +472,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if not self._draining:
                 self._spend_reset()
             return
-        self._cheap.give(lim.CHEAP_FRAMES_PER_CALL)  # a busy client's pings and window updates are not a flood
+        cheap = self._cheap
+        if cheap.tokens < cheap.burst:  # (a well-behaved client's bucket stays full: no call)
+            cheap.give(lim.CHEAP_FRAMES_PER_CALL)  # a busy client's pings and window updates are not a flood
         self._open_call(sid, head, end_stream)
 
     def _on_data(self, flags: int, sid: int, payload: bytes) -> None:
