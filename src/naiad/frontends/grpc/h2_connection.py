@@ -600,7 +600,9 @@ class H2Connection(FrameWriter, asyncio.Protocol):
                     return
                 stream.encoding = encoding
         stream.ctx = CallContext(metadata, deadline, self.peer, self.auth, self.loop)
-        handler = self.server.handler(path, metadata)
+        handler = self.server.resolved.get(path)
+        if handler is None:
+            handler = self.server.handler(path, metadata)
         if handler is None:
             self.finish(stream, grpc.StatusCode.UNIMPLEMENTED, "Method not found!")
             return
