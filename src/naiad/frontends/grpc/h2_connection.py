@@ -198,7 +198,8 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             self._handle_frames(self._rbuf if data is None else data)
         finally:
             self._in_turn = False
-        self._flush()
+        if self._out:  # (a request's frames usually write nothing: no call then)
+            self._flush()
         if self._yielded or self._paused or self._penalty is not None or self._reading_paused:
             self._update_reading()  # (called only when reading may have to pause or resume)
 
