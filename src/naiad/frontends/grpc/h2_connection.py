@@ -104,6 +104,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
         self._sent_data = False          # DATA written since the client's last WINDOW_UPDATE
         self._yielded = False            # frames left for a later event-loop turn (fairness)
         self._reading_paused = False
+        self._read_resumed_at = 0.0      # when reading last resumed: a half-sent call's clock starts again there
         self._paused_at = 0.0
 
     # ------------------------------------------------------------------ asyncio.Protocol
@@ -165,6 +166,7 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if pause:
                 self.transport.pause_reading()
             else:
+                self._read_resumed_at = self.loop.time()
                 self.transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -811,10 +813,12 @@ class H2Connection(FrameWriter, asyncio.Protocol):
             if self.transport is not None:
                 self.transport.abort()
             return
-        for stream in list(self.streams.values()):
-            half_sent = stream.requests is None and not stream.recv_closed and not stream.finished
-            if half_sent and now - stream.last_rx > limit:
-                self._reset(stream, w.CANCEL)
+        if not self._reading_paused:  # else the rest of a call may wait unread on our side, not the client's
+            since = now - limit
+            for stream in list(self.streams.values()):
+                half_sent = stream.requests is None and not stream.recv_closed and not stream.finished
+                if half_sent and stream.last_rx < since and self._read_resumed_at < since:
+                    self._reset(stream, w.CANCEL)
         self._watch_handle = self.loop.call_later(self.server.watch_interval, self._watch)
 
     def _connection_error(self, code: int, message: str) -> None:
