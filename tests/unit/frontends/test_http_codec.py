@@ -371,6 +371,8 @@ _FLOATS = np.array([[0.5, -1.25, 3.0e38, 1e-7]], dtype=np.float32)
     ([OutputTensor("A", "FP32", (4,), _FLOATS.ravel().astype(">f4"))], {}),  # big-endian
     ([OutputTensor("A", "FP32", [np.int64(4)], _FLOATS.ravel())], {}),  # a list shape
     ([OutputTensor("A", "FP32", (2,), np.array([np.nan, np.inf], dtype=np.float32))], {}),
+    ([OutputTensor("nullable", "FP32", (2,), np.array([1.0, -np.inf], dtype=np.float32))], {}),  # "null" in a name too
+    ([OutputTensor("nullable", "FP32", (2,), np.array([1.0, 2.0], dtype=np.float32))], {}),
     ([OutputTensor("A", "FP32", (4,), _FLOATS.ravel()), OutputTensor("I", "INT32", (2,), np.array([1, 2], dtype=np.int32))], {}),
     ([OutputTensor("A", "FP32", (4,), None)], {}),  # written to shared memory
     ([OutputTensor("A", "FP32", (0, 4), np.zeros((0, 4), dtype=np.float32))], {}),

@@ -202,7 +202,9 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
     """(body, JSON header length or None when there are no binary blobs)."""
     if plan is _ALL_JSON:
         header = _encode_float_outputs(response)
-        if header is not None and not _may_hold_null_data(header):
+        # Only its float data can write a null (orjson's NaN or +-inf), or a name that holds one: then
+        # the general path spells them out. One search (~1.3k instructions fewer than _may_hold_null_data's).
+        if header is not None and header.find(b"null") < 0:
             return header, None
     header, blobs = _encode(response, plan, spell_non_finite=False)
     if _may_hold_null_data(header):
