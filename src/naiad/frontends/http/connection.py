@@ -14,7 +14,10 @@ protocol is built for the inference path instead:
   and the request line and each header count as the parser completes them, so headers arriving
   in the same read as the request's start (or a previous request's body) count too;
 - a malformed request, including a bad chunk of a chunked body, is answered 400 (after the
-  requests before it) and the connection closed; a transfer coding other than chunked, 501.
+  requests before it) and the connection closed; a transfer coding other than chunked, 501;
+- a client that sends the same request head again (with a body of the same length, read whole on
+  an idle connection) gets what the parser made of it the last time, without parsing it again
+  (HttpConnection._replay): load generators and most applications repeat their requests.
 Two ASGI scope extensions let the inference path skip per-request timers of its own:
 `naiad.body_deadline` (this server answers a late body with 408 itself) and
 `naiad.on_disconnect` (a callback run if the client goes away before the answer, after which the
