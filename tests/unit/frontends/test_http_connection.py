@@ -693,3 +693,22 @@ def test_requests_sent_again_over_a_socket_each_get_their_own_answer(port):
             assert response.read() == f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
     finally:
         client.close()
+
+
+def test_only_a_short_head_is_remembered():
+    """A head longer than REPLAY_HEAD_BYTES is parsed every time (and answered as before)."""
+    from naiad.frontends.http.connection import REPLAY_HEAD_BYTES
+
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        conn = _in_memory_connection(loop, written)
+        parser = conn.parser = _CountingParser(conn.parser)  # type: ignore[assignment]
+        long_head = _post(b"/echo", b"abc", b"X-Long: " + b"l" * REPLAY_HEAD_BYTES + b"\r\n")
+        for fed in (1, 2, 3):
+            written.clear()
+            conn.data_received(long_head)
+            assert b"".join(written).endswith(b"\r\n\r\nokabc") and parser.fed == fed
+        conn.connection_lost(None)
+    finally:
+        loop.close()

@@ -542,9 +542,10 @@ class HttpConnection(asyncio.Protocol):
         """Keep what parsing `data` gave, when it was one whole kept-alive request with a Content-Length
         body, for _replay. The head is the bytes up to the first blank line, which is where the
         parser ended it when every line ends with CRLF; the body is all the rest (nothing follows)."""
-        end = data.find(b"\r\n\r\n") + 4
+        blank = data.find(b"\r\n\r\n", 0, REPLAY_HEAD_BYTES)  # (never a search through a long body)
+        end = blank + 4
         if (
-            end != len(data) - exchange.received or end > REPLAY_HEAD_BYTES or data[0] in (CR, LF)
+            blank < 0 or end != len(data) - exchange.received or data[0] in (CR, LF)
             or not exchange.keep_alive or exchange.expect_continue or exchange.complete
         ):
             self._replay_size = -1
@@ -552,7 +553,7 @@ class HttpConnection(asyncio.Protocol):
         head = data[:end]
         headers = exchange.scope["headers"]
         if head.count(b"\n") != head.count(b"\r\n") or any(name == b"transfer-encoding" for name, _ in headers):
-            self._replay_size = -1  # (a bare LF ends a line too; a chunked body is framed)
+            self._replay_size = -1  # (a bare LF would end a line too, were it allowed; a chunked body is framed)
             return
         self._replay_head = head
         self._replay_size = len(data)
