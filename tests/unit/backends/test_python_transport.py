@@ -150,6 +150,9 @@ def test_one_pass_inline_packing_matches_the_general_path(prefix):
     block, metas = pack(pool, groups)
     assert block is None and (block, metas) == tensors._pack_general(pool, groups, INLINE_MAX)
     assert all(type(meta[3]) is bytearray for group in metas for meta in group if meta[4])
+    # a 0-d integer array's data, not a buffer of that many zero bytes
+    assert unpack_one(None, metas[2][2], copy=True) == 5
+    assert unpack_one(None, tensors._pack_general(pool, [groups[2]], INLINE_MAX)[1][0][2], copy=True) == 5
     # Up to the limit inline, past it in shared memory, as the general path decides.
     fits = np.zeros(INLINE_MAX // 4, np.float32)
     assert pack(pool, [[("A", "FP32", fits)]]) == (None, [[("A", "FP32", fits.shape, bytearray(fits), INLINE_MAX)]])

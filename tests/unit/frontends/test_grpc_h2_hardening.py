@@ -497,9 +497,10 @@ def test_reading_stops_while_the_client_does_not_read(loop: asyncio.AbstractEven
 
 
 
-def _one_method_connection(handler: grpc.RpcMethodHandler, max_streams: int) -> tuple[H2Connection, FakeTransport, bytes]:
+def _one_method_connection(handler: grpc.RpcMethodHandler, max_streams: int,
+                           request_timeout: float = 30.0) -> tuple[H2Connection, FakeTransport, bytes]:
     """A connection to a server whose one method /t.S/M is `handler`, and the header block that calls it."""
-    server = H2GrpcServer(max_concurrent_streams=max_streams)
+    server = H2GrpcServer(max_concurrent_streams=max_streams, request_timeout=request_timeout)
     server.add_registered_method_handlers("t.S", {"M": handler})
     conn, transport = H2Connection(server), FakeTransport()
     conn.connection_made(transport)
@@ -659,3 +660,34 @@ def test_handlers_of_reset_streams_count_against_the_stream_limit(loop: asyncio.
     resets = {f[2]: struct.unpack(">I", f[3])[0] for f in frames if f[0] == w.RST_STREAM}
     assert resets == {5: w.REFUSED_STREAM}
     assert accepted
+
+
+def test_a_call_whose_message_waits_behind_a_penalty_is_not_timed_out(loop: asyncio.AbstractEventLoop) -> None:
+    """A unary call whose HEADERS were read before the connection's refusal penalty began and whose
+    message arrives during it: the server, not the client, holds the message back, so the call is
+    not reset as a half-sent request; it is answered once reading resumes. (A call the client itself
+    leaves half-sent is still reset: test_grpc_h2_protocol.py::test_half_sent_request_is_timed_out.)"""
+
+    async def echo(request: bytes, context: object) -> bytes:
+        return request
+
+    timeout = 0.2
+
+    async def scenario() -> list[tuple[int, int, int, bytes]]:
+        conn, transport, block = _one_method_connection(grpc.unary_unary_rpc_method_handler(echo), 100, timeout)
+        conn.data_received(w.PREFACE + w.settings_frame({}) + w.frame(w.HEADERS, w.END_HEADERS, 1, block))
+        for _ in range(lim.REFUSED_MESSAGE_BURST + 1):  # refused messages past the budget: reading stops
+            conn.refused_message()
+        assert not transport.reading
+        conn.data_received(w.frame(w.DATA, w.END_STREAM, 1, b"\0\0\0\0\0"))  # (read before the pause took hold)
+        await asyncio.sleep(3 * timeout)  # the penalty (1 / REFUSED_MESSAGE_RATE) outlasts the timeout
+        while not transport.reading:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
+        frames = _frames(bytes(transport.out))
+        conn.connection_lost(None)
+        return frames
+
+    frames = loop.run_until_complete(scenario())
+    assert not [f for f in frames if f[0] == w.RST_STREAM]
+    assert [f for f in frames if f[0] == w.HEADERS and f[1] & w.END_STREAM and f[2] == 1]  # answered

@@ -160,6 +160,37 @@ def test_settings_ping_and_a_unary_call(served: Served) -> None:
         client.close()
 
 
+def test_requests_that_are_not_plain_grpc_calls_get_their_answers(served: Served) -> None:
+    """Wrong method or content type, a bad grpc-timeout, an unknown grpc-encoding: each gets its answer, also
+    when its header block is a remembered one (literals without indexing, sent twice), and the connection
+    goes on serving calls."""
+    def block(*headers: tuple[bytes, bytes]) -> bytes:
+        return b"".join(w.literal(name, value) for name, value in headers)
+
+    base = ((b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ServerLive"), (b":authority", b"x"))
+    grpc_post = ((b":method", b"POST"), *base, (b"content-type", b"application/grpc"))
+    cases = [
+        (((b":method", b"GET"), *base, (b"content-type", b"application/grpc")), {":status": "405"}),
+        (((b":method", b"POST"), *base, (b"content-type", b"text/plain")), {":status": "415"}),
+        ((*grpc_post, (b"grpc-timeout", b"soon")), {"grpc-status": "13", "grpc-message": "Invalid grpc-timeout: soon"}),
+        ((*grpc_post, (b"grpc-encoding", b"br")), {"grpc-status": "12"}),
+        (grpc_post, {"grpc-status": "0"}),
+    ]
+    client = RawClient(served.port)
+    try:
+        sid = 1
+        for _ in range(2):
+            for headers, expected in cases:
+                body = _message(pb.ServerLiveRequest())
+                client.send(w.frame(w.HEADERS, w.END_HEADERS, sid, block(*headers))
+                            + w.frame(w.DATA, w.END_STREAM, sid, body))
+                got = client.status(sid)
+                assert {key: got.get(key) for key in expected} == expected, headers
+                sid += 2
+    finally:
+        client.close()
+
+
 def test_unknown_method_is_unimplemented(served: Served) -> None:
     with grpc.insecure_channel(served.url) as channel:
         call = channel.unary_unary("/no.Such/Method", request_serializer=lambda b: b, response_deserializer=lambda b: b)

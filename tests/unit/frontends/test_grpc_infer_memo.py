@@ -7,6 +7,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
+from naiad.frontends.grpc import infer_memo
 from naiad.frontends.grpc.infer_memo import MEMO_LIMIT, InferDecoder, InferEncoder
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor
@@ -168,9 +169,19 @@ def test_encoded_responses_are_the_full_serialization() -> None:
     cases.append(_response([OutputTensor("P", "FP32", (1,), np.ones(1, np.float32), {"k": 1})]))  # parameters
     cases.append(_response([OutputTensor("P", "FP32", (1,), np.ones(1, np.float32))], parameters={"x": "y"}))
     cases.append(_response([OutputTensor("SHM", "FP32", (4,), None)]))  # written to shared memory
+    cases.append(_response([OutputTensor("C", "FP32", (1, 3), np.arange(3.0).reshape(1, 3))]))  # float64: converted
+    cases.append(_response([OutputTensor("E", "INT32", (3,), np.arange(3, dtype=">i4"))]))  # big-endian: converted
     for response in cases * 2:
         encoded = encoder.encode(response)
         assert encoded == encode_infer_response(response).SerializeToString()
         decoded = pb.ModelInferResponse.FromString(encoded)
         assert [bytes(raw) for raw in decoded.raw_output_contents] == [
             b"" if out.data is None else raw_bytes(out.data, out.datatype) for out in response.outputs]
+
+
+def test_remembered_output_field_heads_stay_bounded() -> None:
+    encoder = InferEncoder()
+    for n in range(infer_memo.FIELD_HEADS_LIMIT + 10):
+        response = _response([OutputTensor("OUTPUT0", "UINT8", (n,), np.full(n, 7, np.uint8))])
+        assert encoder.encode(response) == encode_infer_response(response).SerializeToString()
+    assert 0 < len(infer_memo._FIELD_HEADS) <= infer_memo.FIELD_HEADS_LIMIT

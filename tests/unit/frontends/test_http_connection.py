@@ -99,6 +99,14 @@ async def app(scope, receive, send) -> None:
         answer = how + body
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
         await send({"type": "http.response.body", "body": answer})
+    elif path == "/scope":  # what the app was given, which it then changes (a later request must not see that)
+        body = await _read_all(receive)
+        answer = repr((scope["path"], scope["query_string"], scope["headers"], scope["state"], sorted(scope), body)).encode()
+        scope["path"], scope["query_string"] = "/changed", b"changed"
+        scope["headers"].append((b"x-added", b"1"))
+        scope["state"]["seen"] = True
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"%d" % len(answer))]})
+        await send({"type": "http.response.body", "body": answer})
     elif path == "/boom":
         raise RuntimeError("a bug in the app")
     elif path == "/silent":
@@ -190,7 +198,7 @@ def _in_memory_connection(loop: asyncio.AbstractEventLoop, written: list[bytes],
         "write": lambda self, data: written.append(bytes(data)), "get_extra_info": lambda self, name, default=None: None,
         "pause_reading": lambda self: None, "resume_reading": lambda self: None, "close": lambda self: None,
     })()
-    config = type("Config", (), {"loaded": True, "loaded_app": app, "timeout_keep_alive": 5, "root_path": ""})()
+    config = type("Config", (), {"loaded": True, "loaded_app": staticmethod(app), "timeout_keep_alive": 5, "root_path": ""})()
     state = type("State", (), {"connections": set(), "tasks": set(), "default_headers": default_headers or [],
                                "total_requests": 0})()
     conn = HttpConnection(config, state, {}, loop)
@@ -601,3 +609,106 @@ def test_a_response_header_with_cr_or_lf_is_never_written(port, value):
     # the server keeps serving, and a clean value goes out as it is
     answer = _exchange(port, b"GET /inject?fine HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 200 ") and b"\r\nx-echo: fine\r\n" in answer
+
+
+# ---------------------------------------------------------------- a request sent again
+
+class _CountingParser:
+    """The connection's parser, counting the reads it is fed."""
+
+    def __init__(self, parser) -> None:
+        self.parser = parser
+        self.fed = 0
+
+    def feed_data(self, data: bytes) -> None:
+        self.fed += 1
+        self.parser.feed_data(data)
+
+    def __getattr__(self, name: str):
+        return getattr(self.parser, name)
+
+
+def _post(path: bytes, body: bytes, extra: bytes = b"") -> bytes:
+    return b"POST " + path + b" HTTP/1.1\r\nHost: x\r\n" + extra + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+def test_a_request_sent_again_whole_is_answered_without_parsing_its_head_again():
+    """The same head with a body of the same length, read whole on an idle kept-alive connection, reuses
+    the earlier parse: each request still gets its own body and a fresh scope (what the app changed in
+    the earlier one is not seen), and anything else (another length, a split read, pipelined
+    requests, Expect, Connection: close) is parsed."""
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        conn = _in_memory_connection(loop, written)
+        parser = conn.parser = _CountingParser(conn.parser)  # type: ignore[assignment]
+
+        def answer(data: bytes) -> bytes:
+            written.clear()
+            conn.data_received(data)
+            for _ in range(3):  # a pipelined request starts in a later loop turn
+                loop.run_until_complete(asyncio.sleep(0))
+            return b"".join(written)
+
+        first = answer(_post(b"/scope?q=1", b"0123456789"))
+        assert first.startswith(b"HTTP/1.1 200 ") and b"'/scope'" in first and b"b'0123456789'" in first
+        assert parser.fed == 1
+        again = answer(_post(b"/scope?q=1", b"9876543210"))  # same head, a body of the same length
+        assert parser.fed == 1  # not parsed again
+        assert again == first.replace(b"0123456789", b"9876543210")
+        assert answer(_post(b"/scope?q=1", b"abcdefghij")) == first.replace(b"0123456789", b"abcdefghij")
+        assert parser.fed == 1
+
+        # another length, then the new one again
+        assert answer(_post(b"/echo", b"abc")).endswith(b"\r\n\r\nokabc") and parser.fed == 2
+        assert answer(_post(b"/echo", b"xyz")).endswith(b"\r\n\r\nokxyz") and parser.fed == 2
+        # the same request in two reads, and two of them in one read: parsed
+        request = _post(b"/echo", b"def")
+        assert answer(request[:10]) == b"" and answer(request[10:]).endswith(b"okdef") and parser.fed == 4
+        assert answer(_post(b"/echo", b"ghi") + _post(b"/echo", b"jkl")).count(b"HTTP/1.1 200 ") == 2
+        assert parser.fed == 5
+        assert answer(_post(b"/echo", b"mno")).endswith(b"okmno") and parser.fed == 5
+        # a request that waits for 100-continue is parsed every time
+        continued = _post(b"/echo", b"pqr", b"Expect: 100-continue\r\n")
+        assert answer(continued).endswith(b"okpqr") and answer(continued).endswith(b"okpqr") and parser.fed == 7
+        # a kept-alive request and then the same one ending the connection
+        assert not conn.closing
+        assert answer(_post(b"/echo", b"stu", b"Connection: close\r\n")).endswith(b"okstu") and conn.closing
+        assert parser.fed == 8
+        conn.connection_lost(None)
+    finally:
+        loop.close()
+
+
+def test_requests_sent_again_over_a_socket_each_get_their_own_answer(port):
+    """A kept-alive client repeating its request (same head, bodies of one length, then another) over a
+    real socket: every answer is the digest of that request's own body."""
+    bodies = [bytes([i]) * 20 for i in range(5)] + [b"%03d" % i * 7 for i in range(5)] + [b"z" * 20]
+    client = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        for body in bodies:
+            client.request("POST", "/digest", body=body)
+            response = client.getresponse()
+            assert response.status == 200
+            assert response.read() == f"{len(body)} {hashlib.sha256(body).hexdigest()}".encode()
+    finally:
+        client.close()
+
+
+def test_only_a_short_head_is_remembered():
+    """A head longer than REPLAY_HEAD_BYTES is parsed every time (and answered as before)."""
+    from naiad.frontends.http.connection import REPLAY_HEAD_BYTES
+
+    written: list[bytes] = []
+    loop = asyncio.new_event_loop()
+    try:
+        conn = _in_memory_connection(loop, written)
+        parser = conn.parser = _CountingParser(conn.parser)  # type: ignore[assignment]
+        long_head = _post(b"/echo", b"abc", b"X-Long: " + b"l" * REPLAY_HEAD_BYTES + b"\r\n")
+        for fed in (1, 2, 3):
+            written.clear()
+            conn.data_received(long_head)
+            assert b"".join(written).endswith(b"\r\n\r\nokabc") and parser.fed == fed
+        conn.connection_lost(None)
+    finally:
+        loop.close()

@@ -73,27 +73,27 @@ RECENT_RESETS = 4096
 class TokenBucket:
     """`take()` is False once more than `burst` were taken faster than `rate` per second refills them."""
 
-    __slots__ = ("_burst", "_rate", "_tokens", "_stamp")
+    __slots__ = ("burst", "_rate", "tokens", "_stamp")
 
     def __init__(self, burst: int, rate: float, now: float) -> None:
-        self._burst = float(burst)
+        self.burst = float(burst)
         self._rate = rate
-        self._tokens = float(burst)
+        self.tokens = float(burst)
         self._stamp = now
 
     def take(self, now: float) -> bool:
-        tokens = min(self._burst, self._tokens + (now - self._stamp) * self._rate)
+        tokens = min(self.burst, self.tokens + (now - self._stamp) * self._rate)
         self._stamp = now
         if tokens < 1.0:
-            self._tokens = tokens
+            self.tokens = tokens
             return False
-        self._tokens = tokens - 1.0
+        self.tokens = tokens - 1.0
         return True
 
     def give(self, tokens: float) -> None:
-        if self._tokens < self._burst:  # (a well-behaved client's bucket stays full)
-            self._tokens = min(self._burst, self._tokens + tokens)
+        if self.tokens < self.burst:  # (a well-behaved client's bucket stays full)
+            self.tokens = min(self.burst, self.tokens + tokens)
 
     def wait(self) -> float:
         """Seconds from the last `take()` until a token is there again."""
-        return max(0.0, (1.0 - self._tokens) / self._rate) + 1e-3  # (past rounding: take() then succeeds)
+        return max(0.0, (1.0 - self.tokens) / self._rate) + 1e-3  # (past rounding: take() then succeeds)

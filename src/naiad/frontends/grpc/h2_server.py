@@ -77,7 +77,8 @@ class H2GrpcServer:
         self.watch_interval = min(1.0, self.request_timeout / 4)
         self.connections: set[H2Connection] = set()
         self._methods: dict[str, grpc.RpcMethodHandler] = {}
-        self._resolved: dict[str, grpc.RpcMethodHandler] = {}  # registered methods with the guard applied
+        # registered methods with the guard applied (looked up by connections first: a call fewer per request)
+        self.resolved: dict[str, grpc.RpcMethodHandler] = {}
         self._generic: list[grpc.GenericRpcHandler] = []
         self._rpcs = 0
         self._listener: asyncio.AbstractServer | None = None
@@ -91,10 +92,10 @@ class H2GrpcServer:
     def add_registered_method_handlers(self, service: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
         for name, handler in handlers.items():
             self._methods[f"/{service}/{name}"] = handler
-        self._resolved.clear()
+        self.resolved.clear()
 
     def handler(self, path: str, metadata: Any) -> grpc.RpcMethodHandler | None:
-        resolved = self._resolved.get(path)
+        resolved = self.resolved.get(path)
         if resolved is not None:
             return resolved
         found = self._methods.get(path)
@@ -106,7 +107,7 @@ class H2GrpcServer:
                     break
         elif self.guard is None or not self.guard.restrictions:
             # what the guard makes of a registered method depends on its path alone: kept for the next call
-            resolved = self._resolved[path] = self._guarded(path, found, metadata)
+            resolved = self.resolved[path] = self._guarded(path, found, metadata)
             return resolved
         return self._guarded(path, found, metadata)
 
@@ -138,7 +139,7 @@ class H2GrpcServer:
     def start_unary(self, conn: H2Connection, stream: Stream, message: bytes | w.Compressed) -> None:
         """The request of a unary-request call is complete: decode it and run the handler in a task."""
         handler = stream.handler
-        if isinstance(message, w.Compressed):
+        if type(message) is w.Compressed:
             coro = self._inflated_call(conn, stream, message)
         else:
             try:

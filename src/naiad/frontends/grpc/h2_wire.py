@@ -222,7 +222,7 @@ def _stateless(block: bytes) -> bool:
 class Head:
     """What a call needs from its request headers, taken out once per distinct header block."""
 
-    __slots__ = ("method", "path", "content_type", "timeout", "encoding", "metadata")
+    __slots__ = ("method", "path", "content_type", "timeout", "encoding", "metadata", "plain")
 
     def __init__(self, headers: list[tuple[str, str]]) -> None:
         self.method = self.path = self.content_type = self.timeout = self.encoding = ""
@@ -238,6 +238,9 @@ class Head:
             elif name == "grpc-encoding":
                 self.encoding = value
         self.metadata = metadata_of(headers)
+        # a gRPC POST without a timeout or compression: a call needs no further check of its headers
+        self.plain = bool(self.path and self.method == "POST" and self.content_type.startswith("application/grpc")
+                          and not self.timeout and self.encoding in ("", "identity"))
 
 
 class HeaderDecoder:
@@ -248,11 +251,11 @@ class HeaderDecoder:
     def __init__(self, max_header_list_size: int) -> None:
         self._decoder = hpack.Decoder(max_header_list_size=max_header_list_size)
         self._decoder.max_allowed_table_size = 4096
-        self._memo: dict[bytes, Head] = {}
+        self.memo: dict[bytes, Head] = {}  # (looked up by the connection first: a call fewer per request)
 
     def decode(self, block: bytes) -> Head:
         """Raises hpack.HPACKError (or OversizedHeaderListError) on bad input."""
-        memo = self._memo
+        memo = self.memo
         found = memo.get(block)
         if found is not None:
             return found

@@ -15,7 +15,6 @@ the same sizes are decoded without a protobuf message at all.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput
 
 MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
 MAX_KEY = 4096        # larger messages (long ids, many tensors) are not remembered
+FIELD_HEADS_LIMIT = 1024  # output sizes whose field heads are kept
 _RAW_INPUT_TAG = b"\x3a"   # ModelInferRequest.raw_input_contents: field 7, length-delimited
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 
@@ -92,22 +92,6 @@ def _build(layout: _Layout, buffers: list[bytes], request_id: str) -> InferenceR
                             [RequestedOutput(name, {}, 0, None) for name in layout.outputs])
 
 
-def _build_serialized(message: bytes, serialized: _Serialized) -> InferenceRequest | None:
-    """The request of a message of the remembered length that starts with the remembered prefix, when
-    its raw tensors have the remembered field heads (their sizes); None when it is other fields.
-    Every field is passed (no default factories): about 1 us a request less than building it by name."""
-    inputs = []
-    for head, at, start, end, spec in serialized.tensors:
-        if not message.startswith(head, at):
-            return None
-        # message[start:end]: its own bytes, aligned, as protobuf's are
-        inputs.append(InferInput(spec.name, spec.datatype, spec.shape,
-                                 np.ndarray(spec.shape, spec.dtype, message[start:end]), {}, None))
-    layout = serialized.layout
-    return InferenceRequest(layout.model_name, inputs, layout.model_version, "",
-                            [RequestedOutput(name, {}, 0, None) for name in layout.outputs])
-
-
 class InferDecoder:
     """decode_infer_request with the memo described above (one per servicer: `allow_shared_memory` is fixed)."""
 
@@ -121,10 +105,23 @@ class InferDecoder:
         """The request a serialized ModelInferRequest decodes to, when it is laid out as one remembered by
         `decode(..., serialized=)`; None otherwise (then it is parsed and decoded in full)."""
         for serialized in self._serialized.get(len(message), ()):
-            if message.startswith(serialized.prefix):
-                decoded = _build_serialized(message, serialized)
-                if decoded is not None:
-                    return decoded
+            if not message.startswith(serialized.prefix):
+                continue
+            # The request is built here, with every field passed (no default factories, no helper call):
+            # about 1 us a request less than building it by name.
+            inputs = []
+            for head, at, start, end, spec in serialized.tensors:
+                if not message.startswith(head, at):
+                    break  # another size in this tensor's field head: not this layout
+                # message[start:end]: its own bytes, aligned, as protobuf's are
+                inputs.append(InferInput(spec.name, spec.datatype, spec.shape,
+                                         np.ndarray(spec.shape, spec.dtype, message[start:end]), {}, None))
+            else:
+                layout = serialized.layout
+                outputs = []
+                for name in layout.outputs:  # (a loop: a list comprehension is one more call here)
+                    outputs.append(RequestedOutput(name, {}, 0, None))
+                return InferenceRequest(layout.model_name, inputs, layout.model_version, "", outputs)
         return None
 
     def decode(self, request: pb.ModelInferRequest, serialized: bytes | None = None) -> InferenceRequest:
@@ -184,10 +181,16 @@ def _varint(value: int) -> bytes:
     return bytes(out)
 
 
-@functools.lru_cache(maxsize=1024)
+_FIELD_HEADS: dict[int, bytes] = {}  # by size, at most FIELD_HEADS_LIMIT of them
+
+
 def _output_field_head(size: int) -> bytes:
     """The tag and length of a raw_output_contents entry of `size` bytes (responses repeat their sizes)."""
-    return _RAW_OUTPUT_TAG + _varint(size)
+    head = _RAW_OUTPUT_TAG + _varint(size)
+    if len(_FIELD_HEADS) >= FIELD_HEADS_LIMIT:
+        _FIELD_HEADS.clear()
+    _FIELD_HEADS[size] = head
+    return head
 
 
 class InferEncoder:
@@ -206,12 +209,17 @@ class InferEncoder:
             return encode_infer_response(response).SerializeToString()
         key: list[object] = [response.model_name, response.model_version, response.id]
         parts: list[bytes] = [b""]  # the head goes first, once known
+        heads = _FIELD_HEADS
         for out in response.outputs:
-            if out.parameters or out.data is None:
+            data, datatype = out.data, out.datatype
+            if out.parameters or data is None:
                 return encode_infer_response(response).SerializeToString()
-            key += (out.name, out.datatype, tuple(out.shape))
-            raw = raw_bytes(out.data, out.datatype)
-            parts += (_output_field_head(len(raw)), raw)
+            key += (out.name, datatype, tuple(out.shape))
+            # raw_bytes without the call when the array is already in its wire type (~0.3 us a response less)
+            wire = WIRE_DTYPES.get(datatype)  # (None for BYTES)
+            raw = data.tobytes() if wire is not None and data.dtype == wire else raw_bytes(data, datatype)
+            head = heads.get(len(raw))
+            parts += (head if head is not None else _output_field_head(len(raw)), raw)
         frozen = tuple(key)
         head = self._memo.get(frozen)
         if head is None:

@@ -43,6 +43,7 @@ _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
 _EMPTY = memoryview(b"")
 _NOT_NUMPY_JSON = ("BYTES", "FP16", "BF16")  # written element by element (array_to_json), or refused
 _NUMPY_JSON_FLOATS = ("FP32", "FP64")
+_NATIVE_FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))  # in native byte order
 
 
 @dataclass(slots=True)
@@ -199,6 +200,12 @@ def _json_data(array: np.ndarray, datatype: str, spell_non_finite: bool) -> Any:
 
 def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tuple[bytes, int | None]:
     """(body, JSON header length or None when there are no binary blobs)."""
+    if plan is _ALL_JSON:
+        header = _encode_float_outputs(response)
+        # Only its float data can write a null (orjson's NaN or +-inf), or a name that holds one: then
+        # the general path spells them out. One search (~1.3k instructions fewer than _may_hold_null_data's).
+        if header is not None and header.find(b"null") < 0:
+            return header, None
     header, blobs = _encode(response, plan, spell_non_finite=False)
     if _may_hold_null_data(header):
         # Only then can an output hold NaN or +-inf (orjson's null): written again, spelled out.
@@ -224,6 +231,26 @@ def _may_hold_null_data(header: bytes) -> bool:
     start = header.find(_OUTPUTS_KEY)  # near the start (a parameter named "outputs" only starts it earlier)
     u = header.find(b"u", start + len(_OUTPUTS_KEY))
     return u >= 0 and header.find(b"null", u - 1) >= 0
+
+
+def _encode_float_outputs(response: InferenceResponse) -> bytes | None:
+    """_encode's JSON for the usual answer to a request that named no outputs and no parameters: every
+    output a native float array written by orjson, no parameters anywhere (None: any other answer).
+    The same bytes in about half the bytecodes of _encode's general loop."""
+    outputs = []
+    for out in response.outputs:
+        data = out.data
+        if data is None or out.parameters or type(out.shape) is not tuple or data.dtype not in _NATIVE_FLOATS:
+            return None
+        if out.datatype not in _NUMPY_JSON_FLOATS:
+            return None
+        outputs.append({"name": out.name, "datatype": out.datatype, "shape": out.shape, "data": data.ravel()})
+    if response.id or response.parameters:
+        return None
+    return orjson.dumps(
+        {"model_name": response.model_name, "model_version": str(response.model_version), "outputs": outputs},
+        option=orjson.OPT_SERIALIZE_NUMPY,
+    )
 
 
 def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: bool) -> tuple[bytes, list[bytes | memoryview]]:

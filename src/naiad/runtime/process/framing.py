@@ -15,7 +15,7 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL
 RECV_BUFFER = 64 * 1024  # reused for every read (a fresh large bytes object per recv costs an mmap)
 
 
-def encode(message: tuple[Any, ...]) -> bytes:
+def encode(message: tuple[Any, ...] | list[Any]) -> bytes:
     payload = pickle.dumps(message, _PROTOCOL)
     return _HEADER.pack(len(payload)) + payload
 

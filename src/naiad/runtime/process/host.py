@@ -14,7 +14,7 @@ from naiad.runtime.process.worker_runtime import WorkerRuntime
 
 
 class WorkerHost(ABC):
-    """Batches ("x") run one at a time on the main thread until the server asks to finalize ("f")."""
+    """Batches ("x", "y") run one at a time on the main thread until the server asks to finalize ("f")."""
 
     def __init__(self, channel: BlockingChannel, init: dict[str, Any]) -> None:
         self.channel = channel
@@ -54,7 +54,7 @@ class WorkerHost(ABC):
         while True:
             message = self.runtime.inbox.next_command()
             kind = message[0]
-            if kind == "x":
+            if kind == "x" or kind == "y":  # "y": a batch of one request in a flat message (Python models only)
                 self._run_batch(message)
             elif kind == "f":
                 self._finalize()

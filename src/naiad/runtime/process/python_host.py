@@ -20,7 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
-from naiad.runtime.process.tensors import NUMPY_OF, pack, unpack_one
+from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMERIC, NUMPY_OF, pack, unpack_one
 from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
@@ -157,9 +157,15 @@ class PythonModelHost(WorkerHost):
 
     # ------------------------------------------------------------ batches
 
-    def _requests(self, message: tuple[Any, ...]) -> list[Any]:
-        _, batch_id, block, described, _ = message
+    def _requests(self, message: Any) -> list[Any]:
         runtime = self.runtime
+        if message[0] == "y":  # a batch of one request, flat (see session._flat_request)
+            inputs = []
+            for name, datatype, shape, data in message[9:]:
+                inputs.append(_tensor(name, np.ndarray(shape, NUMPY_OF[datatype], data), datatype))
+            return [_received(runtime, (message[1], 0), inputs, message[2], message[5], message[6], message[7],
+                              message[3], message[8], runtime.model_name, runtime.model_version)]
+        _, batch_id, block, described, _ = message
         view = runtime.peers.view(block) if block else None
         model_name, model_version = runtime.model_name, runtime.model_version
         requests = []
@@ -196,6 +202,25 @@ class PythonModelHost(WorkerHost):
                          "must return None.", "INTERNAL")
             self.channel.send(("d", batch_id, None, None, error, _rescheduled(requests) if error is None else (), timing))
             return
+        if len(requests) == 1 and type(result) is list and len(result) == 1:
+            # The usual batch of one request answered by one plain response: what the loop below sends
+            # for it, without its bookkeeping lists (add_sub: ~8k instructions less per request).
+            request = requests[0]
+            response = result[0]
+            if (type(response) is InferenceResponse and response._error is None
+                    and request._release_flags != _RESCHEDULE):
+                requested = request._requested
+                flat = _flat_outputs(batch_id, response, requested, timing)
+                if flat is not None:
+                    self.channel.send(flat)
+                    return
+                group = []
+                for tensor in response._tensors:
+                    if tensor._name in requested:
+                        group.append((tensor._name, tensor._datatype, tensor._array))
+                block, metas = pack(self.runtime.pool, [group])
+                self.channel.send(("d", batch_id, block, [(metas[0], response._parameters, None)], None, (), timing))
+                return
         if not isinstance(result, list):
             raise ReturnValueError(f"Expected a list in the execute return, found type '{type(result)}'.")
         if len(result) != len(requests):
@@ -286,6 +311,29 @@ class PythonModelHost(WorkerHost):
             self.runtime.log(pb_utils.LogLevel.ERROR, f"finalize failed: {format_exception(exc)}", "model.py", 0)
         self.channel.send(("F",))
         exit_worker(self.runtime, 0)
+
+
+def _flat_outputs(batch_id: int, response: Any, requested: Any, timing: tuple[int, int]) -> tuple[Any, ...] | None:
+    """The "o" message of a batch of one request answered with small numeric outputs: ("o", batch_id,
+    parameters, timing, then (name, datatype, shape, data) of each output), or None when an output does not
+    fit it (BYTES, another dtype, empty, or too big to travel inline).
+
+    What the "d" message says for such a batch, in a flat tuple: about a third fewer objects to build,
+    pickle and unpickle (add_sub: ~5k instructions less per request in the worker, ~4k in the server)."""
+    fields: list[Any] = ["o", batch_id, response._parameters, timing]
+    total = 0
+    for tensor in response._tensors:
+        if tensor._name in requested:
+            array = tensor._array
+            datatype = tensor._datatype
+            nbytes = array.nbytes
+            if array.dtype is not NUMERIC.get(datatype) or not nbytes:
+                return None
+            total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+            if total > INLINE_MAX:
+                return None
+            fields.append((tensor._name, datatype, array.shape, bytearray(array.tobytes())))
+    return tuple(fields)
 
 
 def _rescheduled(requests: list[Any]) -> tuple[Any, ...]:

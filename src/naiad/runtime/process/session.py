@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from naiad.backends.base import (
     BackendRequest,
     BackendResponse,
@@ -31,7 +33,7 @@ from naiad.runtime.process.shm import (
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.runtime.process.tensors import datatype_of, pack
+from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMERIC, NUMPY_OF, datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 
@@ -61,6 +63,31 @@ def _parameters(text: str | None) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _flat_request(request: BackendRequest, input_types: dict[str, str]) -> list[Any] | None:
+    """The "y" message of a batch of one request whose inputs are small numeric arrays: ["y", batch_id,
+    requested outputs, parameters, releases, request_id, correlation_id, flags, timeout, then (name,
+    datatype, shape, data) of each input], batch_id and releases left for the caller (0 and []); None when
+    an input does not fit it (BYTES, another dtype, empty, or too big to travel inline).
+
+    What the "x" message says for such a batch, flat: fewer objects to build, pickle and unpickle
+    (add_sub, with the flat "o" reply: ~9k instructions less per request in the server, ~2k in the worker)."""
+    parameters = request.parameters
+    fields: list[Any] = ["y", 0, tuple(request.requested_outputs),
+                         json.dumps(parameters, default=str) if parameters else "{}", [],
+                         request.request_id, request.correlation_id, request.flags, request.timeout_us]
+    total = 0
+    for name, array in request.inputs.items():
+        datatype = input_types.get(name) or datatype_of(array)
+        nbytes = array.nbytes
+        if array.dtype is not NUMERIC.get(datatype) or not nbytes:
+            return None
+        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        if total > INLINE_MAX:
+            return None
+        fields.append((name, datatype, array.shape, bytearray(array.tobytes())))
+    return fields
+
+
 class _Batch:
     __slots__ = ("requests", "respond", "open", "done", "block", "future")
 
@@ -83,7 +110,10 @@ class _Protocol(asyncio.Protocol):
         session = self._session
         for message in self._decoder.feed(data):
             try:
-                if message[0] == "d":  # a finished batch, the usual message: no dispatch call
+                kind = message[0]
+                if kind == "o":  # a finished batch of one request, the usual message: no dispatch call
+                    session._on_output(message)
+                elif kind == "d":
                     session._on_done(message)
                 else:
                     session.dispatch(message)
@@ -141,6 +171,8 @@ class WorkerSession:
         self.closing = False
         self.info: dict[str, Any] = {}
         self.async_execute = False  # info["async_execute"], read once per batch
+        # A Python model's worker also takes a batch of one request as a flat "y" message (see _flat_request).
+        self._flat_batches = init.get("host") != "backend"
         # Set by an instance that queues several batches at this worker: receives (requests, respond,
         # future) of the batches that had not started when the worker died.
         self.keep_unstarted: Callable[[list[tuple[Any, ...]]], None] | None = None
@@ -320,26 +352,37 @@ class WorkerSession:
         if transport is None or transport.is_closing():
             raise internal(f"Stub process '{self.name}' is not healthy.")
         input_types = self._input_types
-        groups = []  # loops, not comprehensions: a comprehension is a function call each (3.11)
-        for request in requests:
-            groups.append([(name, input_types.get(name) or datatype_of(array), array)
-                           for name, array in request.inputs.items()])
-        block, metas = pack(self.pool, groups)
-        described = []
-        for r, meta in zip(requests, metas):
-            described.append((r.request_id, r.correlation_id, r.flags,
-                              json.dumps(r.parameters, default=str) if r.parameters else "{}",
-                              r.timeout_us, tuple(r.requested_outputs), meta))
-        self._next_batch = batch_id = self._next_batch + 1
-        releases = self._releases
-        if releases:  # the worker's blocks read since the last message ride along
-            releases = self.take_releases()
-        try:
-            data = encode(("x", batch_id, block, described, releases))
-        except Exception:
-            if block:
-                self.pool.release(block)
-            raise
+        flat = None
+        if len(requests) == 1 and self._flat_batches:
+            flat = _flat_request(requests[0], input_types)
+        if flat is not None:
+            block = None
+            self._next_batch = batch_id = flat[1] = self._next_batch + 1
+            releases = self._releases
+            if releases:  # the worker's blocks read since the last message ride along
+                flat[4] = self.take_releases()
+            data = encode(flat)
+        else:
+            groups = []  # loops, not comprehensions: a comprehension is a function call each (3.11)
+            for request in requests:
+                groups.append([(name, input_types.get(name) or datatype_of(array), array)
+                               for name, array in request.inputs.items()])
+            block, metas = pack(self.pool, groups)
+            described = []
+            for r, meta in zip(requests, metas):
+                described.append((r.request_id, r.correlation_id, r.flags,
+                                  json.dumps(r.parameters, default=str) if r.parameters else "{}",
+                                  r.timeout_us, tuple(r.requested_outputs), meta))
+            self._next_batch = batch_id = self._next_batch + 1
+            releases = self._releases
+            if releases:  # the worker's blocks read since the last message ride along
+                releases = self.take_releases()
+            try:
+                data = encode(("x", batch_id, block, described, releases))
+            except Exception:
+                if block:
+                    self.pool.release(block)
+                raise
         future = self._loop.create_future()
         self._batches[batch_id] = _Batch(requests, respond, block, future)
         transport.write(data)
@@ -396,6 +439,30 @@ class WorkerSession:
                     respond(index, BackendResponse(outputs, extra, None, True, True, timing))
         if block:
             reader.done_with(block)
+        batch.done = True
+        if not batch.future.done():
+            batch.future.set_result(timing)
+        if not still_open:
+            self._close_if_complete(batch_id, batch)
+
+    def _on_output(self, message: tuple[Any, ...]) -> None:
+        """("o", batch_id, parameters, timing, then (name, datatype, shape, data) of each output): a batch of
+        one request answered with numeric outputs carried in the message (see python_host._flat_outputs),
+        handled as _on_done handles the same batch in a "d" message."""
+        batch_id = message[1]
+        batch = self._batches.get(batch_id)
+        if batch is None:
+            return
+        timing = message[3]
+        still_open = batch.open
+        if 0 in still_open:
+            still_open.discard(0)
+            outputs = {}
+            for name, datatype, shape, data in message[4:]:
+                outputs[name] = np.ndarray(shape, NUMPY_OF[datatype], data)
+            parameters = message[2]
+            extra = {} if parameters == "{}" else _parameters(parameters)
+            batch.respond(0, BackendResponse(outputs, extra, None, True, True, timing))
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
@@ -460,7 +527,9 @@ class WorkerSession:
 
     def dispatch(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
-        if kind == "d":
+        if kind == "o":
+            self._on_output(message)
+        elif kind == "d":
             self._on_done(message)
         elif kind == "r":
             self._on_response(message)

@@ -73,7 +73,7 @@ class WorkerRuntime:
         self._calls: dict[int, Call] = {}
         self._ids = itertools.count(1)
         self.inbox = Inbox(channel, self._dispatch, self._on_eof)
-        # Called (by the reading thread) for "x" when batches run on an event loop instead of the main thread.
+        # Called (by the reading thread) for "x" and "y" when batches run on an event loop instead of the main thread.
         self.on_async_batch: Callable[[tuple[Any, ...]], None] | None = None
         self.on_health: Callable[[tuple[Any, ...]], None] = lambda message: None
 
@@ -188,7 +188,7 @@ class WorkerRuntime:
     def _dispatch(self, message: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """Handle one message from the server (in whichever thread read it); commands are returned."""
         kind = message[0]
-        if kind == "x":
+        if kind == "x" or kind == "y":
             if message[4]:  # our blocks the server has read since its last message
                 self._release_blocks(message[4])
             if self.on_async_batch is not None:
