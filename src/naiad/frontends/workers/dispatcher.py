@@ -104,8 +104,8 @@ class Dispatcher:
         """Run an infer request's coroutine (the inference interface's own) now, as run_first_step would
         run a handler wrapping it: a request on an inline model is answered in this turn of the loop, a
         waiting one goes on in the callback of what it waits on (_step). Driving the interface's
-        coroutine itself saves the wrapper's frame, closures and context switches: ~1.5k of the core's
-        instructions per add_sub request."""
+        coroutine itself saves the wrapper's frame, closures and context switches (with codec.py's
+        shorter messages, ~10k fewer core instructions per add_sub request, callgrind)."""
         request = request_from_wire(wired)
         context = contextvars.copy_context()
         if traceparent and propagating():  # (incoming_traceparent's rule, in the request's own context)

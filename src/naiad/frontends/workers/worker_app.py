@@ -141,8 +141,8 @@ class WorkerApp:
             hook = scope["extensions"].get("naiad.on_disconnect") if "extensions" in scope else None
             if hook is not None:
                 # until_disconnect(self.core.infer(...)) written out in this coroutine, as the core's own
-                # infer handler does: two coroutines fewer to make and to resume through (~3k
-                # instructions per request)
+                # infer handler does: two coroutines fewer to make and to resume through (with the
+                # codec's and channel's changes made beside it, ~5.5k fewer instructions per request)
                 gone = False
 
                 def lost() -> None:
