@@ -104,3 +104,75 @@ def test_infer_paths_are_matched_once_each_and_the_kept_ones_are_bounded() -> No
         assert target is not None and target[1] == (f"m{index}", "")
     assert len(fast.known) <= PATHS_KEPT
     assert fast.known[f"/v2/models/m{PATHS_KEPT + 9}/infer"][1] == (f"m{PATHS_KEPT + 9}", "")
+
+
+def _infer_request(body: bytes) -> bytes:
+    return b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+_BODY = json.dumps({"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}).encode()
+
+
+def test_an_infer_body_over_the_limit_is_refused_whether_at_hand_or_still_arriving() -> None:
+    """The single server's 400 (and closed connection) for a body past --http-max-input-size, for a body
+    wholly arrived as for one still arriving; under the limit, a body arriving in parts is answered."""
+    limit = len(_BODY) - 1
+    request = _infer_request(_BODY)
+
+    async def answer(config: ServerConfig, parts: list[bytes]) -> bytes:
+        core = CoreClient()
+        core.channel = _Core(core)  # type: ignore[assignment]
+        written: list[bytes] = []
+        conn = _connection(WorkerApp(config, core), written)
+        for part in parts:
+            conn.data_received(part)
+            await asyncio.sleep(0.01)
+        while not written:
+            await asyncio.sleep(0.01)
+        conn.connection_lost(None)
+        return b"".join(written)
+
+    async def scenario() -> list[bytes]:
+        small = ServerConfig(http_max_input_size=limit)
+        return [await answer(small, [request]), await answer(small, [request[:-5], request[-5:]]),
+                await answer(ServerConfig(), [request[:-5], request[-5:]])]
+
+    at_hand, arriving, under_limit = asyncio.run(asyncio.wait_for(scenario(), 30))
+    for written in (at_hand, arriving):
+        assert written.startswith(b"HTTP/1.1 400 Bad Request\r\n") and b"connection: close" in written.lower()
+        message = json.loads(written.split(b"\r\n\r\n", 1)[1])["error"]
+        assert message == f"Request JSON size of {len(_BODY)} bytes exceeds the maximum allowed value of {limit} bytes. " \
+                          "Use --http-max-input-size to increase the limit."
+    assert under_limit.startswith(b"HTTP/1.1 200 OK\r\n")
+    np.testing.assert_array_equal(json.loads(under_limit.split(b"\r\n\r\n", 1)[1])["outputs"][0]["data"], [2, 3])
+
+
+class _Silent:
+    """The core's end of the channel, answering nothing: keeps what the worker sends."""
+
+    is_open = True
+
+    def __init__(self) -> None:
+        self.messages: list[tuple] = []
+
+    def send(self, message: tuple) -> None:
+        self.messages.append(message)
+
+
+def test_a_client_gone_while_its_infer_waits_cancels_it_in_the_core() -> None:
+    async def scenario() -> tuple[list[tuple], int]:
+        core = CoreClient()
+        silent = _Silent()
+        core.channel = silent  # type: ignore[assignment]
+        conn = _connection(WorkerApp(ServerConfig(), core), [])
+        conn.data_received(_infer_request(_BODY))
+        while not silent.messages:
+            await asyncio.sleep(0.01)
+        conn.connection_lost(None)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        return silent.messages, len(core._results)
+
+    messages, waiting = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [m[0] for m in messages] == [wire.INFER, wire.CANCEL] and messages[1][1] == messages[0][1]
+    assert waiting == 0  # nothing of the request stays behind in the worker

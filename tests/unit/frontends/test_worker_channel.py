@@ -28,6 +28,9 @@ from naiad.frontends.workers.codec import (
 )
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
+from naiad.observability import trace_context
+from naiad.observability.trace_context import REMOTE_TRACEPARENT
+from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import (
     InferenceRequest,
     InferenceResponse,
@@ -94,16 +97,25 @@ def test_requests_round_trip_through_the_flat_tuple() -> None:
 
 def test_responses_round_trip_through_the_flat_tuple() -> None:
     response = InferenceResponse("model", "1", [OutputTensor("A", "INT64", (1, 2), np.array([[1, 2]])),
-                                                OutputTensor("B", "FP32", (1, 4), None, {"shm": 1})],
+                                                OutputTensor("B", "FP32", (1, 4), None, {"shm": 1}),
+                                                OutputTensor("C", "FP32", [2], np.ones(2, np.float32)),
+                                                OutputTensor("D", "INT8", (2,), np.ones(2, np.int8), {"p": 1})],
                                  id="r", parameters={"x": "y"})
-    back = response_from_wire(response_to_wire(response))
+    wired = pickle.loads(pickle.dumps(response_to_wire(response), protocol=5))
+    assert [len(o) for o in wired[4]] == [5, 6, 6, 6]  # only a plain tensor of its array's shape takes the short form
+    back = response_from_wire(wired)
     assert (back.model_name, back.model_version, back.id, back.parameters) == ("model", "1", "r", {"x": "y"})
     np.testing.assert_array_equal(back.outputs[0].data, [[1, 2]])
+    assert back.outputs[0].shape == (1, 2) and back.outputs[0].parameters == {}
     assert back.outputs[1].data is None and back.outputs[1].parameters == {"shm": 1}
+    assert back.outputs[2].shape == [2] and back.outputs[2].data.shape == (2,)  # a list shape stays a list
+    assert back.outputs[3].parameters == {"p": 1} and back.outputs[3].data.dtype == np.int8
 
 
 @pytest.mark.parametrize("array", [np.arange(6, dtype=np.float32).reshape(2, 3), np.zeros((0, 16), np.int8),
-                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16)])
+                                   np.array(7, np.int64), np.array([[True, False]]), np.arange(4, dtype=np.uint16),
+                                   np.arange(3, dtype=np.longlong), np.arange(3, dtype=np.float16),
+                                   np.frombuffer(np.arange(4, dtype=np.uint64).tobytes(), "=u8")])
 def test_flat_tensors_come_back_as_read_only_arrays_of_their_dtype_and_shape(array: np.ndarray) -> None:
     wired = pickle.loads(pickle.dumps(tensor_to_wire(array), protocol=5))
     assert isinstance(wired, tuple)
@@ -254,13 +266,18 @@ def test_a_relayed_grpc_stream_sends_at_most_the_window_ahead_of_the_core() -> N
 
 
 class _Inference:
-    """An inference interface answering at once (an inline model) or once released (a queued one)."""
+    """An inference interface answering at once (an inline model) or once released (a queued one).
+
+    A request's "fail" parameter makes it fail after it waited: "naiad" with a NaiadError, "bug" with
+    another exception; "trace" answers the traceparent the request ran with (in the response's id)."""
 
     def __init__(self) -> None:
         self.waiting: dict[str, asyncio.Future[None]] = {}
         self.cancelled = 0
 
     async def infer(self, request: InferenceRequest) -> InferenceResponse:
+        if request.model_name == "trace":
+            return InferenceResponse("trace", "1", [], REMOTE_TRACEPARENT.get())
         if request.model_name == "queued":
             self.waiting[request.id] = asyncio.get_running_loop().create_future()
             try:
@@ -270,6 +287,10 @@ class _Inference:
                 raise
             if request.parameters.get("yield"):
                 await asyncio.sleep(0)  # a bare yield: the request goes on in a task
+            if request.parameters.get("fail") == "naiad":
+                raise NaiadError(ErrorCode.UNAVAILABLE, "gone away")
+            if request.parameters.get("fail") == "bug":
+                raise RuntimeError("a bug")
         return InferenceResponse(request.model_name, "1", [], request.id)
 
 
@@ -337,15 +358,74 @@ def test_a_released_infer_goes_on_in_the_callback_of_what_it_waited_on_with_no_t
 
 def test_tensors_the_decoders_make_travel_flat_not_pickled() -> None:
     """np.frombuffer over a protobuf field or an HTTP body gives native but not "builtin" dtypes
-    (the gRPC and binary HTTP decoders'): they travel as (dtype, shape, bytes), 5x cheaper to pickle."""
+    (the gRPC and binary HTTP decoders'): they travel as (name, datatype, shape, dtype, bytes), 5x cheaper to pickle."""
     message = pb.ModelInferRequest(model_name="m", raw_input_contents=[np.arange(4, dtype="<f4").tobytes()])
     message.inputs.add(name="X", datatype="FP32", shape=[1, 4])
     decoded = decode_infer_request(pb.ModelInferRequest.FromString(message.SerializeToString()), False)
     wired = request_to_wire(decoded)
-    tensor = wired[3][0][3]
-    assert isinstance(tensor, tuple) and tensor[0] == "<f4" and tensor[1] == (1, 4)
+    assert len(wired) == 4  # no outputs, parameters, priority, timeout nor sequence: the short form
+    tensor = wired[3][0]
+    assert tensor[:4] == ("X", "FP32", (1, 4), "f") and isinstance(tensor[4], bytes) and len(tensor) == 5
     back = request_from_wire(pickle.loads(pickle.dumps(wired, protocol=5)))
     assert back.inputs[0].data.dtype == np.float32
     np.testing.assert_array_equal(back.inputs[0].data, [[0, 1, 2, 3]])
     big_endian = np.arange(3, dtype=">i4")  # not native: pickled as it is, and still right
     assert isinstance(tensor_to_wire(big_endian), np.ndarray)
+
+
+def test_an_infer_that_fails_after_it_waited_is_answered_with_its_error_in_a_callback_or_a_task() -> None:
+    """The error of a request that failed once released (in the callback of what it waited on, or in its
+    task after a bare yield) goes back as the single server's: a NaiadError as it is, a bug as a 500."""
+    def infer_message(request_id: int, parameters: dict) -> tuple:
+        request = InferenceRequest("queued", [], id=str(request_id), parameters=parameters)
+        return (wire.INFER, request_id, request_to_wire(request), "")
+
+    cases = {1: {"fail": "naiad"}, 2: {"fail": "naiad", "yield": True}, 3: {"fail": "bug"},
+             4: {"fail": "bug", "yield": True}, 5: {"yield": True}}
+
+    async def scenario() -> tuple[dict[int, tuple], int]:
+        inference = _Inference()
+        dispatcher = Dispatcher(inference, None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        for request_id, parameters in cases.items():
+            dispatcher.on_message(infer_message(request_id, parameters))
+        for future in inference.waiting.values():
+            future.set_result(None)
+        while len(sent.messages) < len(cases):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
+        return {m[1]: m for m in sent.messages}, len(dispatcher.tasks)
+
+    answers, left = asyncio.run(asyncio.wait_for(scenario(), 30))
+    for request_id in (1, 2):
+        assert answers[request_id] == (wire.ERROR, request_id, (ErrorCode.UNAVAILABLE, "gone away"))
+    for request_id in (3, 4):
+        kind, _, (code, text) = answers[request_id]
+        assert kind == wire.ERROR and code == ErrorCode.INTERNAL and "RuntimeError: a bug" in text
+    assert answers[5][0] == wire.RESULT and answers[5][2][2] == "5"
+    assert left == 0
+
+
+def test_the_workers_traceparent_is_the_requests_own_when_the_core_propagates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a frontend's incoming_traceparent block: set for this request only, and only once the core
+    exports spans (the request after it, and the dispatcher's own context, see none)."""
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+    def trace_message(request_id: int, traceparent: str) -> tuple:
+        return (wire.INFER, request_id, request_to_wire(InferenceRequest("trace", [])), traceparent)
+
+    async def scenario() -> list[tuple]:
+        dispatcher = Dispatcher(_Inference(), None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        dispatcher.on_message(trace_message(1, parent))
+        dispatcher.on_message(trace_message(2, ""))
+        monkeypatch.setattr(trace_context, "_PROPAGATING", True)
+        dispatcher.on_message(trace_message(3, parent))
+        dispatcher.on_message(trace_message(4, ""))
+        assert REMOTE_TRACEPARENT.get() == ""
+        return sent.messages
+
+    messages = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [(m[1], m[2][2]) for m in messages] == [(1, ""), (2, ""), (3, parent), (4, "")]

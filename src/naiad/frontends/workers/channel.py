@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any, cast
 
 _LENGTH = struct.Struct("<I")
+_pack_length = _LENGTH.pack
+_dumps = pickle.dumps
 MAX_FRAME = (1 << 32) - 1
 _FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
@@ -61,7 +63,7 @@ class Channel(asyncio.BufferedProtocol):
         self._loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._transport: asyncio.Transport | None = None
-        self._outgoing: list[bytes] = []  # frames sent during this turn of the loop, written at its end
+        self._outgoing: list[bytes] = []  # frames (length, message) sent during this turn of the loop, written at its end
         self._buffer = bytearray(_FIRST_BUFFER)
         self._filled = 0
 
@@ -89,15 +91,24 @@ class Channel(asyncio.BufferedProtocol):
 
         The frames of one turn of the event loop go out in one write: a write per message costs a
         system call and a wake-up of the peer each, the largest part of a request's cost here."""
-        frame = encode_frame(message)
-        if not self._outgoing:
+        # encode_frame written out, the length and the message queued apart (joined once per write)
+        try:
+            payload = _dumps(message, 5)
+        except RecursionError:
+            raise UnsendableMessage("the message is nested too deeply for the worker channel") from None
+        size = len(payload)
+        if size > MAX_FRAME:
+            raise UnsendableMessage(f"message of {size} bytes is too large for the worker channel")
+        outgoing = self._outgoing
+        if not outgoing:
             self._loop.call_soon(self._flush)
-        self._outgoing.append(frame)
+        outgoing.append(_pack_length(size))
+        outgoing.append(payload)
 
     def _flush(self) -> None:
         frames, self._outgoing = self._outgoing, []
         if self._transport is not None and not self._transport.is_closing():
-            self._transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
+            self._transport.write(b"".join(frames))
 
     def close(self) -> None:
         if self._transport is not None:

@@ -76,17 +76,28 @@ class CoreClient:
         return self.channel
 
     async def infer(self, request: InferenceRequest, traceparent: str) -> InferenceResponse:
+        request_id, answer = self.submit(request, traceparent)
+        try:
+            return await answer
+        except asyncio.CancelledError:
+            self.withdraw(request_id)
+            raise
+
+    def submit(self, request: InferenceRequest, traceparent: str) -> tuple[int, asyncio.Future[InferenceResponse]]:
+        """Send an infer request (UnsendableMessage: the caller relays it): its id, and the future of its
+        answer (a NaiadError when the core refused it). `infer` awaits it; a caller awaiting it itself
+        calls `withdraw` if it is cancelled."""
         channel = self._channel()
         request_id = next(self._ids)
+        channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))
         future: asyncio.Future[InferenceResponse] = self._loop.create_future()
-        channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))  # (UnsendableMessage: the caller relays)
         self._results[request_id] = future
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if self._results.pop(request_id, None) is not None:
-                channel.send((wire.CANCEL, request_id))
-            raise
+        return request_id, future
+
+    def withdraw(self, request_id: int) -> None:
+        """The caller no longer waits for this infer request: the core cancels it (if not answered yet)."""
+        if self._results.pop(request_id, None) is not None and self.channel is not None:
+            self.channel.send((wire.CANCEL, request_id))
 
     async def relay(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[dict[str, Any]]:
         """The ASGI messages the core's HTTP application sends for this request, in order."""

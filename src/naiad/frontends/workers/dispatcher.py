@@ -11,20 +11,20 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from naiad.frontends.first_step import run_first_step, run_next_step
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.frontends.workers.codec import request_from_wire, response_to_wire
-from naiad.observability.trace_context import incoming_traceparent
+from naiad.observability.trace_context import REMOTE_TRACEPARENT, propagating
 from naiad.protocol.errors import NaiadError, internal
 
 if TYPE_CHECKING:
     from naiad.core.facade import InferenceAPI
     from naiad.frontends.http.app import HttpApp
     from naiad.frontends.workers.grpc_relay import GrpcCalls
+    from naiad.protocol.types import InferenceResponse
 
 log = logging.getLogger("naiad.frontends")
 
@@ -47,7 +47,7 @@ class Dispatcher:
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == wire.INFER:
-            self._start_eagerly(message[1], self._infer(message[1], message[2], message[3]))
+            self._infer(message[1], message[2], message[3])
         elif kind == wire.CANCEL:
             task = self.tasks.pop(message[1], None)
             if task is not None:
@@ -96,59 +96,82 @@ class Dispatcher:
         self.tasks[request_id] = task
         task.add_done_callback(lambda _: self.tasks.pop(request_id, None))
 
-    def _start_eagerly(self, request_id: int, work: Any) -> None:
-        """Run the request's first step now (as the single server's frontends do): a request on an inline
-        model is answered in this turn of the loop, with no task; one that waits gets its task then."""
-        awaited = run_first_step(work, lambda coro, context: self._resume(request_id, coro, context))
-        if awaited is not None:
-            self.tasks[request_id] = awaited  # cancelling it cancels the request, as cancelling its task would
-
-    def _resume(self, request_id: int, work: Any, context: contextvars.Context) -> None:
-        awaited = self.tasks.pop(request_id, None)
-        if awaited is not None and awaited.done():
-            # What the request waited on is done (its batch, its model's answer): its next step runs in
-            # this callback, and it gets a task only if it waits again after a bare yield (a task and
-            # two turns of the loop fewer per request, as the single server's frontends do).
-            try:
-                awaited = run_next_step(work, context, lambda coro, ctx: self._resume(request_id, coro, ctx))
-            except asyncio.CancelledError:
-                return  # cancelled from elsewhere (shutdown): it ends, as its task would
-            if awaited is not None:
-                self.tasks[request_id] = awaited
-            return
-        # after a bare yield, or cancelled by the worker (CANCEL took its entry): a task goes on
-        task = self._loop.create_task(work, context=context)
-        self.tasks[request_id] = task
-        task.add_done_callback(lambda _: self._forget(request_id, task))
-
-    def _forget(self, request_id: int, task: asyncio.Future[Any]) -> None:
-        if self.tasks.get(request_id) is task:
-            del self.tasks[request_id]
-
     def _send(self, message: tuple[Any, ...]) -> None:
         if self.channel is not None:
             self.channel.send(message)
 
-    async def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str) -> None:
+    def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str) -> None:
+        """Run an infer request's coroutine (the inference interface's own) now, as run_first_step would
+        run a handler wrapping it: a request on an inline model is answered in this turn of the loop, a
+        waiting one goes on in the callback of what it waits on (_step). Driving the interface's
+        coroutine itself saves the wrapper's frame, closures and context switches (with codec.py's
+        shorter messages, ~10k fewer core instructions per add_sub request, callgrind)."""
         request = request_from_wire(wired)
+        context = contextvars.copy_context()
+        if traceparent and propagating():  # (incoming_traceparent's rule, in the request's own context)
+            context.run(REMOTE_TRACEPARENT.set, traceparent)
+        self._step(request_id, request.model_name, self.inference.infer(request), context)
+
+    def _step(self, request_id: int, model: str, work: Coroutine[Any, Any, InferenceResponse],
+              context: contextvars.Context) -> None:
         try:
-            if traceparent:
-                with incoming_traceparent(((b"traceparent", traceparent.encode("latin-1")),)):
-                    response = await self.inference.infer(request)
-            else:
-                response = await self.inference.infer(request)
-        except NaiadError as exc:
-            self._send((wire.ERROR, request_id, wire.error_value(exc)))
-        except Exception as exc:  # a bug of ours: the client gets a 500, the server keeps serving
-            log.exception("error running a frontend worker's infer request for model '%s'", request.model_name)
-            self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
+            awaited = context.run(work.send, None)
+        except StopIteration as done:
+            self._answer(request_id, done.value)
+            return
+        except BaseException as exc:
+            self._failed(request_id, model, exc)
+            return
+        if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):
+            awaited._asyncio_future_blocking = False  # delivery taken, as a Task does (first_step.py)
+            awaited.add_done_callback(lambda _: self._resume(request_id, model, work, context))
+            self.tasks[request_id] = awaited  # cancelling it cancels the request, as cancelling its task would
         else:
-            channel = self.channel
-            if channel is not None:
-                try:
-                    channel.send((wire.RESULT, request_id, response_to_wire(response)))
-                except UnsendableMessage as exc:
-                    channel.send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
+            self._go_on_in_task(request_id, model, work, context)  # after a bare yield
+
+    def _resume(self, request_id: int, model: str, work: Coroutine[Any, Any, InferenceResponse],
+                context: contextvars.Context) -> None:
+        awaited = self.tasks.pop(request_id, None)
+        if awaited is not None and awaited.done():
+            # What the request waited on is done (its batch, its model's answer): its next step runs in
+            # this callback, with no task (a task and two turns of the loop fewer per request)
+            self._step(request_id, model, work, context)
+        else:  # cancelled by the worker (CANCEL took its entry): a task goes on, and sees the cancellation
+            self._go_on_in_task(request_id, model, work, context)
+
+    def _go_on_in_task(self, request_id: int, model: str, work: Coroutine[Any, Any, InferenceResponse],
+                       context: contextvars.Context) -> None:
+        task = self._loop.create_task(work, context=context)
+        self.tasks[request_id] = task
+        task.add_done_callback(lambda _: self._task_done(request_id, model, task))
+
+    def _task_done(self, request_id: int, model: str, task: asyncio.Task[InferenceResponse]) -> None:
+        if self.tasks.get(request_id) is task:
+            del self.tasks[request_id]
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._answer(request_id, task.result())
+        else:
+            self._failed(request_id, model, exc)
+
+    def _answer(self, request_id: int, response: InferenceResponse) -> None:
+        channel = self.channel
+        if channel is not None:
+            try:
+                channel.send((wire.RESULT, request_id, response_to_wire(response)))
+            except UnsendableMessage as exc:
+                channel.send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
+
+    def _failed(self, request_id: int, model: str, exc: BaseException) -> None:
+        if isinstance(exc, NaiadError):
+            self._send((wire.ERROR, request_id, wire.error_value(exc)))
+        elif isinstance(exc, Exception):  # a bug of ours: the client gets a 500, the server keeps serving
+            log.error("error running a frontend worker's infer request for model '%s'", model, exc_info=exc)
+            self._send((wire.ERROR, request_id, wire.error_value(internal(f"{type(exc).__name__}: {exc}"))))
+        elif not isinstance(exc, asyncio.CancelledError):
+            raise exc  # (KeyboardInterrupt, SystemExit: as a task's step would let them out)
 
     async def _relay(self, request_id: int, scope: dict[str, Any], body: bytes) -> None:
         delivered = False
