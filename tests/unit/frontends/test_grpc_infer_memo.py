@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
 from naiad.frontends.grpc import infer_memo
+from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
 from naiad.frontends.grpc.infer_memo import MEMO_LIMIT, InferDecoder, InferEncoder
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceResponse, OutputTensor
