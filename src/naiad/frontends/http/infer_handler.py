@@ -14,7 +14,7 @@ from naiad.frontends.http.body import (
     decompress_body,
     read_body,
 )
-from naiad.frontends.http.disconnect import cancelled_by_disconnect, until_disconnect
+from naiad.frontends.http.disconnect import DisconnectWatch, until_disconnect
 from naiad.frontends.http.errors import (
     ClientDisconnected,
     HttpError,
@@ -113,19 +113,13 @@ class InferHandler:
             if hook is not None and self.forward_headers is None and not propagating():
                 # until_disconnect(infer_decoded(...)) written out in this coroutine: two coroutines
                 # fewer to make and to resume through (about 0.6 us of CPU per request)
-                gone = False
-
-                def lost() -> None:
-                    nonlocal gone
-                    gone = True
-
-                hook(lost)
+                connection = DisconnectWatch(hook)
                 try:
                     response = await self.inference.infer(request, resolved)
                 except DecoupledModelError:
                     raise unsupported(DECOUPLED_MESSAGE) from None
                 except asyncio.CancelledError:
-                    if cancelled_by_disconnect(gone):
+                    if connection.caused_cancel():
                         raise ClientDisconnected() from None
                     raise
                 finally:

@@ -33,7 +33,7 @@ from naiad.runtime.process.shm import (
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMERIC, NUMPY_OF, datatype_of, pack
+from naiad.runtime.process.tensors import NUMPY_OF, append_flat, datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 
@@ -75,17 +75,8 @@ def _flat_request(request: BackendRequest, input_types: dict[str, str]) -> list[
     fields: list[Any] = ["y", 0, tuple(request.requested_outputs),
                          json.dumps(parameters, default=str) if parameters else "{}", [],
                          request.request_id, request.correlation_id, request.flags, request.timeout_us]
-    total = 0
-    for name, array in request.inputs.items():
-        datatype = input_types.get(name) or datatype_of(array)
-        nbytes = array.nbytes
-        if array.dtype is not NUMERIC.get(datatype) or not nbytes:
-            return None
-        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
-        if total > INLINE_MAX:
-            return None
-        fields.append((name, datatype, array.shape, bytearray(array.tobytes())))
-    return fields
+    inputs = [(name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()]
+    return fields if append_flat(fields, inputs) else None
 
 
 class _Batch:

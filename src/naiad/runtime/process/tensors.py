@@ -86,6 +86,22 @@ def _prepare(datatype: str, array: np.ndarray) -> tuple[bytes | np.ndarray, int]
 NUMERIC = {datatype: dtype for datatype, dtype in NUMPY_OF.items() if datatype != "BYTES"}
 
 
+def append_flat(fields: list[Any], tensors: list[tuple[str, str, np.ndarray]]) -> bool:
+    """Append (name, datatype, shape, data) of each (name, datatype, array) to the fields of a flat message
+    (the "y" request and "o" answer of a batch of one request); False, leaving the message unusable, when a
+    tensor does not fit one (BYTES, another dtype than its datatype's, empty, or too big to travel inline)."""
+    total = 0
+    for name, datatype, array in tensors:
+        nbytes = array.nbytes
+        if array.dtype is not NUMERIC.get(datatype) or not nbytes:
+            return False
+        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        if total > INLINE_MAX:
+            return False
+        fields.append((name, datatype, array.shape, bytearray(array.tobytes())))
+    return True
+
+
 def pack(pool: BlockPool, groups: list[Any], inline_max: int = INLINE_MAX) -> tuple[Any, ...]:
     """Write groups of (name, datatype, array) into one block: (block_name or None, [metadata lists]).
 
