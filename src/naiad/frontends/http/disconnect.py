@@ -23,22 +23,28 @@ def cancelled_by_disconnect(gone: bool) -> bool:
 
 
 class DisconnectWatch:
-    """Registered with Naiad's connection (`naiad.on_disconnect`): `gone` turns True when the client goes
-    away. Handlers that await their work in their own coroutine (two coroutines fewer per request than
-    through until_disconnect) use it as until_disconnect does; unregister with `hook(None)` after."""
+    """`with DisconnectWatch(hook): await work` -- the work awaited in the caller's own coroutine (two
+    coroutines fewer per request than through until_disconnect), watched through Naiad's connection
+    (`hook` is the scope's `naiad.on_disconnect`): a cancel that the client's loss caused (and nothing
+    else: see cancelled_by_disconnect) leaves the block as ClientDisconnected."""
 
-    __slots__ = ("gone",)
+    __slots__ = ("gone", "hook")
 
     def __init__(self, hook: Callable[[Callable[[], None] | None], None]) -> None:
         self.gone = False
-        hook(self.lost)
+        self.hook = hook
 
     def lost(self) -> None:
         self.gone = True
 
-    def caused_cancel(self) -> bool:
-        """In an `except CancelledError`: the client's loss cancelled the work (see cancelled_by_disconnect)."""
-        return cancelled_by_disconnect(self.gone)
+    def __enter__(self) -> DisconnectWatch:
+        self.hook(self.lost)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
+        self.hook(None)
+        if kind is asyncio.CancelledError and cancelled_by_disconnect(self.gone):
+            raise ClientDisconnected() from None
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str, Any] | None = None) -> T:
@@ -54,15 +60,8 @@ async def until_disconnect(receive: Receive, work: Awaitable[T], scope: dict[str
     extensions = scope.get("extensions") if scope is not None else None
     hook = extensions.get("naiad.on_disconnect") if extensions else None
     if hook is not None:
-        connection = DisconnectWatch(hook)
-        try:
+        with DisconnectWatch(hook):
             return await work
-        except asyncio.CancelledError:
-            if connection.caused_cancel():
-                raise ClientDisconnected() from None
-            raise
-        finally:
-            hook(None)
     gone = False
     task = asyncio.current_task()
     assert task is not None
