@@ -25,6 +25,16 @@ from typing import Any
 Resume = Callable[[Coroutine[Any, Any, Any], contextvars.Context], None]
 
 
+def taken_future(awaited: Any) -> asyncio.Future[Any] | None:
+    """What a coroutine's step yielded: the future it now waits on, its delivery taken as a Task does
+    (module docstring), or None after a bare yield. For a driver of its own (the frontend workers'
+    dispatcher), which needs the coroutine's return value and errors that these runners leave to it."""
+    if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):
+        awaited._asyncio_future_blocking = False
+        return awaited  # type: ignore[no-any-return]
+    return None
+
+
 def run_first_step(coroutine: Coroutine[Any, Any, Any], resume: Resume) -> asyncio.Future[Any] | None:
     """Step `coroutine` now, in a copy of the current context.
 

@@ -14,6 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from naiad.frontends.first_step import taken_future
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
 from naiad.frontends.workers.codec import request_from_wire, response_to_wire
@@ -122,10 +123,10 @@ class Dispatcher:
         except BaseException as exc:
             self._failed(request_id, model, exc)
             return
-        if type(awaited) is asyncio.Future or asyncio.isfuture(awaited):
-            awaited._asyncio_future_blocking = False  # delivery taken, as a Task does (first_step.py)
-            awaited.add_done_callback(lambda _: self._resume(request_id, model, work, context))
-            self.tasks[request_id] = awaited  # cancelling it cancels the request, as cancelling its task would
+        future = taken_future(awaited)
+        if future is not None:
+            future.add_done_callback(lambda _: self._resume(request_id, model, work, context))
+            self.tasks[request_id] = future  # cancelling it cancels the request, as cancelling its task would
         else:
             self._go_on_in_task(request_id, model, work, context)  # after a bare yield
 
