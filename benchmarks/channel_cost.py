@@ -27,7 +27,7 @@ import numpy as np
 from naiad import Server
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel
-from naiad.frontends.workers.codec import request_to_wire
+from naiad.frontends.workers.codec import wire_request
 from naiad.frontends.workers.dispatcher import Dispatcher
 from naiad.protocol.types import InferenceRequest, InferInput
 
@@ -43,7 +43,7 @@ def _pin(core: int) -> None:
 
 async def _feed(sock: socket.socket) -> None:
     """The workers' side: a new request for each answer, until WARMUP + MEASURED answers."""
-    request = request_to_wire(InferenceRequest("add_sub", [InferInput("INPUT0", "FP32", (1, 16), ONES),
+    request, _ = wire_request(InferenceRequest("add_sub", [InferInput("INPUT0", "FP32", (1, 16), ONES),
                                                            InferInput("INPUT1", "FP32", (1, 16), ONES)]))
     ids = itertools.count(1)
     answered = 0
@@ -56,11 +56,11 @@ async def _feed(sock: socket.socket) -> None:
             if not finished.done():
                 finished.set_result(None)
         else:
-            channel.send((wire.INFER, next(ids), request, ""))
+            channel.send_plain((wire.INFER, next(ids), request, ""))  # as CoreClient sends a plain request
 
     channel = await Channel.open(sock, on_answer)
     for _ in range(IN_FLIGHT):
-        channel.send((wire.INFER, next(ids), request, ""))
+        channel.send_plain((wire.INFER, next(ids), request, ""))  # as CoreClient sends a plain request
     await finished
 
 

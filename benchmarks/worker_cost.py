@@ -28,7 +28,7 @@ from http_path_cost import ClosedLoopClients
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel
-from naiad.frontends.workers.codec import response_to_wire
+from naiad.frontends.workers.codec import wire_response
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.worker_app import WorkerApp
 from naiad.protocol.types import InferenceResponse, OutputTensor
@@ -36,8 +36,9 @@ from naiad.protocol.types import InferenceResponse, OutputTensor
 
 def _add_sub_answer() -> tuple:
     ones = np.ones((1, 16), np.float32)
-    return response_to_wire(InferenceResponse("add_sub", "1", [OutputTensor("OUTPUT0", "FP32", (1, 16), ones + ones),
-                                                               OutputTensor("OUTPUT1", "FP32", (1, 16), ones - ones)]))
+    wired, _ = wire_response(InferenceResponse("add_sub", "1", [OutputTensor("OUTPUT0", "FP32", (1, 16), ones + ones),
+                                                                OutputTensor("OUTPUT1", "FP32", (1, 16), ones - ones)]))
+    return wired
 
 
 async def _core(sock: socket.socket) -> None:
@@ -46,7 +47,7 @@ async def _core(sock: socket.socket) -> None:
 
     def on_message(message: tuple) -> None:
         if message[0] == wire.INFER:
-            channel.send((wire.RESULT, message[1], answer))
+            channel.send_plain((wire.RESULT, message[1], answer))  # as the Dispatcher sends a plain response
 
     channel = await Channel.open(sock, on_message)
     await channel.closed

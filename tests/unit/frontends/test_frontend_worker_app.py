@@ -34,6 +34,8 @@ class _Core:
         answer = response_to_wire(InferenceResponse(request.model_name, "1", [OutputTensor("Y", "FP32", data.shape, data)]))
         asyncio.get_running_loop().call_soon(self.client.on_message, (wire.RESULT, message[1], answer))
 
+    send_plain = send  # (the usual request: its short form, plain tensors only)
+
 
 def _connection(app: WorkerApp, written: list[bytes]) -> HttpConnection:
     transport = type("Transport", (), {
@@ -157,6 +159,8 @@ class _Silent:
 
     def send(self, message: tuple) -> None:
         self.messages.append(message)
+
+    send_plain = send
 
 
 def test_a_client_gone_while_its_infer_waits_cancels_it_in_the_core() -> None:

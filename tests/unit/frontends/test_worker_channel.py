@@ -9,6 +9,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 
+import msgspec
 import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
@@ -25,6 +26,8 @@ from naiad.frontends.workers.codec import (
     response_to_wire,
     tensor_from_wire,
     tensor_to_wire,
+    wire_request,
+    wire_response,
 )
 from naiad.frontends.workers.core_client import CoreClient
 from naiad.frontends.workers.dispatcher import Dispatcher
@@ -73,6 +76,53 @@ def test_a_message_nested_too_deeply_is_refused_and_the_channel_keeps_working() 
     ours.close()
     with pytest.raises(EOFError):
         read_frame(theirs)
+
+
+def test_plain_infers_and_results_arrive_as_the_tuples_a_pickle_gives_back() -> None:
+    """The short forms of plain tensors travel as MessagePack (cheaper to write than a pickle) and come
+    back as the same tuples; a value MessagePack does not carry (a numpy integer in a shape) is pickled."""
+    ones = np.ones((1, 16), np.float32)
+    request, plain = wire_request(InferenceRequest("add_sub", [InferInput("INPUT0", "FP32", (1, 16), ones),
+                                                               InferInput("INPUT1", "INT8", (2,), np.array([1, -1], np.int8))]))
+    assert plain and len(request) == 4
+    response, plain = wire_response(InferenceResponse("add_sub", "1", [OutputTensor("OUTPUT0", "FP32", (1, 16), ones)]))
+    assert plain and response[3] is None
+    odd_shape = (np.int64(1), 16)  # equal to the array's shape, so short, but not MessagePack's
+    odd, plain = wire_request(InferenceRequest("m", [InferInput("X", "FP32", odd_shape, ones)]))  # type: ignore[arg-type]
+    assert plain
+    messages = [(wire.INFER, 1, request, "00-trace"), (wire.RESULT, 2, response), (wire.INFER, 3, odd, ""),
+                (wire.CANCEL, 4), (wire.RESULT, (1 << 70), response)]  # (an id past 64 bits: pickled)
+
+    async def scenario() -> list[object]:
+        ours, theirs = socket.socketpair()
+        received: list[object] = []
+        sender = await Channel.open(ours, lambda message: None)
+        receiver = await Channel.open(theirs, received.append)
+        for message in messages:
+            (sender.send if message[0] == wire.CANCEL else sender.send_plain)(message)
+        while len(received) < len(messages):
+            await asyncio.sleep(0.01)
+        sender.close()
+        receiver.close()
+        return received
+
+    received = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert received == [pickle.loads(pickle.dumps(message, protocol=5)) for message in messages]
+    assert type(received[2][2][3][0][2][0]) is np.int64  # (the pickled one kept its type)
+    assert request_from_wire(received[0][2]).inputs[1].data.tolist() == [1, -1]
+    assert response_from_wire(received[1][2]).outputs[0].data.shape == (1, 16)
+
+
+def test_only_the_short_forms_of_plain_tensors_are_plain() -> None:
+    ones = np.ones((1, 2), np.float32)
+    for request in (InferenceRequest("m", [InferInput("X", "FP32", (1, 2), ones, {"p": 1})]),
+                    InferenceRequest("m", [InferInput("X", "FP32", (2,), ones)]),
+                    InferenceRequest("m", [InferInput("X", "BYTES", (1,), np.array([b"a"], np.object_))]),
+                    InferenceRequest("m", [InferInput("X", "FP32", (1, 2), ones)], priority=1)):
+        assert wire_request(request)[1] is False
+    for response in (InferenceResponse("m", "1", [OutputTensor("Y", "FP32", (1, 2), ones)], parameters={"p": 1}),
+                     InferenceResponse("m", "1", [OutputTensor("Y", "FP32", (1, 2), None)])):
+        assert wire_response(response)[1] is False
 
 
 def test_requests_round_trip_through_the_flat_tuple() -> None:
@@ -188,6 +238,9 @@ class _Sent:
 
     def send(self, message: tuple) -> None:
         self.messages.append(pickle.loads(encode_frame(message)[4:]))
+
+    def send_plain(self, message: tuple) -> None:
+        self.messages.append(msgspec.msgpack.decode(msgspec.msgpack.encode(message), type=wire.PLAIN[message[0]]))
 
 
 def test_a_relayed_request_streams_the_core_apps_messages_then_done() -> None:

@@ -14,6 +14,9 @@ flattened, and the usual ones more so (fewer objects to pickle, unpickle and unp
   arrays, extension dtypes), or None (an input sent by shared-memory reference: the core reads the region);
 - a request with no requested outputs, parameters, priority, timeout nor sequence travels as
   (model, version, id, inputs); any other as all eleven fields.
+
+wire_request and wire_response also tell whether the tuple is plain (the short forms, every tensor a
+5-tuple): such a message may travel as MessagePack rather than pickled (wire.PLAIN).
 """
 
 from __future__ import annotations
@@ -74,24 +77,31 @@ def _tensor(name: str, datatype: str, shape: Any, data: np.ndarray | None, param
 
 
 def request_to_wire(request: InferenceRequest) -> tuple[Any, ...]:
+    return wire_request(request)[0]
+
+
+def wire_request(request: InferenceRequest) -> tuple[tuple[Any, ...], bool]:
+    """request_to_wire's tuple, and whether it is the short form of plain tensors only (wire.PLAIN's)."""
     inputs = []
+    plain = True
     for i in request.inputs:
         data = i.data
-        # _tensor's short form tested inline (here and in response_to_wire): a call fewer per tensor
+        # _tensor's short form tested inline (here and in wire_response): a call fewer per tensor
         if data is not None and not i.parameters and i.shared_memory is None:
             dtype = data.dtype
             shape = i.shape
             if dtype.kind in "biuf" and dtype.isnative and shape == data.shape:
                 inputs.append((i.name, i.datatype, shape, dtype.char, data.tobytes()))
                 continue
+        plain = False  # (what the test above let through is _tensor's 6-tuple)
         inputs.append(_tensor(i.name, i.datatype, i.shape, data, i.parameters, i.shared_memory))
     if not (request.outputs or request.parameters or request.priority or request.timeout_us or request.sequence_id
             or request.sequence_start or request.sequence_end):
-        return request.model_name, request.model_version, request.id, inputs
+        return (request.model_name, request.model_version, request.id, inputs), plain
     return (request.model_name, request.model_version, request.id, inputs,
             [(o.name, o.parameters or None, o.classification, o.shared_memory) for o in request.outputs],
             request.parameters or None, request.priority, request.timeout_us,
-            request.sequence_id, request.sequence_start, request.sequence_end)
+            request.sequence_id, request.sequence_start, request.sequence_end), False
 
 
 def _input(wired: tuple[Any, ...]) -> InferInput:
@@ -114,7 +124,13 @@ def request_from_wire(wire: tuple[Any, ...]) -> InferenceRequest:
 
 
 def response_to_wire(response: InferenceResponse) -> tuple[Any, ...]:
+    return wire_response(response)[0]
+
+
+def wire_response(response: InferenceResponse) -> tuple[tuple[Any, ...], bool]:
+    """response_to_wire's tuple, and whether it has no parameters and plain tensors only (wire.PLAIN's)."""
     outputs = []
+    plain = True
     for o in response.outputs:
         data = o.data
         if data is not None and not o.parameters:
@@ -123,8 +139,10 @@ def response_to_wire(response: InferenceResponse) -> tuple[Any, ...]:
             if dtype.kind in "biuf" and dtype.isnative and shape == data.shape:
                 outputs.append((o.name, o.datatype, shape, dtype.char, data.tobytes()))
                 continue
+        plain = False
         outputs.append(_tensor(o.name, o.datatype, o.shape, data, o.parameters, None))
-    return response.model_name, response.model_version, response.id, response.parameters or None, outputs
+    parameters = response.parameters or None
+    return (response.model_name, response.model_version, response.id, parameters, outputs), plain and parameters is None
 
 
 def _output(wired: tuple[Any, ...]) -> OutputTensor:

@@ -9,7 +9,7 @@ from typing import Any
 
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel
-from naiad.frontends.workers.codec import request_to_wire, response_from_wire
+from naiad.frontends.workers.codec import response_from_wire, wire_request
 from naiad.protocol.errors import unavailable
 from naiad.protocol.types import InferenceRequest, InferenceResponse
 
@@ -89,7 +89,11 @@ class CoreClient:
         calls `withdraw` if it is cancelled."""
         channel = self._channel()
         request_id = next(self._ids)
-        channel.send((wire.INFER, request_id, request_to_wire(request), traceparent))
+        wired, plain = wire_request(request)
+        if plain:
+            channel.send_plain((wire.INFER, request_id, wired, traceparent))
+        else:
+            channel.send((wire.INFER, request_id, wired, traceparent))
         future: asyncio.Future[InferenceResponse] = self._loop.create_future()
         self._results[request_id] = future
         return request_id, future

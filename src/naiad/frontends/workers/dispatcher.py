@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from naiad.frontends.first_step import taken_future
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage
-from naiad.frontends.workers.codec import request_from_wire, response_to_wire
+from naiad.frontends.workers.codec import request_from_wire, wire_response
 from naiad.observability.trace_context import REMOTE_TRACEPARENT, propagating
 from naiad.protocol.errors import NaiadError, internal
 
@@ -161,7 +161,11 @@ class Dispatcher:
         channel = self.channel
         if channel is not None:
             try:
-                channel.send((wire.RESULT, request_id, response_to_wire(response)))
+                wired, plain = wire_response(response)
+                if plain:
+                    channel.send_plain((wire.RESULT, request_id, wired))
+                else:
+                    channel.send((wire.RESULT, request_id, wired))
             except UnsendableMessage as exc:
                 channel.send((wire.ERROR, request_id, wire.error_value(internal(str(exc)))))
 

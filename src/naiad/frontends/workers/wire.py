@@ -20,6 +20,10 @@ Core -> worker:  (RESULT, id, response)                      codec.py's tuple
                                                               is held back by HTTP/2 flow control, as without workers)
 
 An ERROR whose value is DECOUPLED is a DecoupledModelError: each protocol words it its own way.
+
+An INFER or RESULT whose request or response is codec.py's short form (plain tensors only) may be
+sent plain (Channel.send_plain): it arrives as its type in PLAIN, the same tuple a pickle gives back,
+but for the containers' types (`Any` where a value need not be a string; tuples and lists as written).
 """
 
 from __future__ import annotations
@@ -42,6 +46,12 @@ GRPC_HALF_CLOSE = "H"
 GRPC_OUT = "o"
 GRPC_END = "e"
 GRPC_TAKEN = "t"
+# codec.py's 5-tuple of a plain tensor: (name, datatype, shape, dtype character, bytes)
+_PLAIN_TENSOR = tuple[Any, Any, tuple[Any, ...], Any, Any]
+PLAIN: dict[str, Any] = {
+    INFER: tuple[Any, Any, tuple[Any, Any, Any, list[_PLAIN_TENSOR]], Any],  # (model, version, id, inputs)
+    RESULT: tuple[Any, Any, tuple[Any, Any, Any, Any, list[_PLAIN_TENSOR]]],  # (model, version, id, None, outputs)
+}
 STREAM_WINDOW = 256
 DECOUPLED = "decoupled"
 
