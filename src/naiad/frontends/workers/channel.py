@@ -120,7 +120,9 @@ class Channel(asyncio.BufferedProtocol):
         """send() for a message of wire.PLAIN's type for its kind (message[0]): it arrives as that type."""
         try:
             payload = _encode_plain(message)
-        except (TypeError, OverflowError):  # (a value MessagePack does not carry: the pickle carries it)
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+            # a value MessagePack does not carry (a numpy scalar, an int past 64 bits, a bytes object past
+            # 4 GiB): the pickle carries it, or refuses it as it always did
             self.send(message)
             return
         size = len(payload) + 1
