@@ -456,8 +456,10 @@ class WorkerSession:
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
-        if not still_open:
-            self._close_if_complete(batch_id, batch)
+        if not still_open:  # what _close_if_complete does, without the call
+            self._batches.pop(batch_id, None)
+            if batch.block:
+                self.pool.release(batch.block)
 
     def _reschedule(self, batch: _Batch, index: int) -> None:
         """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer
