@@ -79,8 +79,9 @@ def test_a_message_nested_too_deeply_is_refused_and_the_channel_keeps_working() 
 
 
 def test_plain_infers_and_results_arrive_as_the_tuples_a_pickle_gives_back() -> None:
-    """The short forms of plain tensors travel as MessagePack (cheaper to write than a pickle) and come
-    back as the same tuples; a value MessagePack does not carry (a numpy integer in a shape) is pickled."""
+    """The short forms of plain tensors travel as MessagePack (cheaper to write than a pickle), a run of
+    one kind in one frame, and come back as the same tuples, in order; a value MessagePack does not
+    carry (a numpy integer in a shape) is pickled."""
     ones = np.ones((1, 16), np.float32)
     request, plain = wire_request(InferenceRequest("add_sub", [InferInput("INPUT0", "FP32", (1, 16), ones),
                                                                InferInput("INPUT1", "INT8", (2,), np.array([1, -1], np.int8))]))
@@ -90,8 +91,10 @@ def test_plain_infers_and_results_arrive_as_the_tuples_a_pickle_gives_back() -> 
     odd_shape = (np.int64(1), 16)  # equal to the array's shape, so short, but not MessagePack's
     odd, plain = wire_request(InferenceRequest("m", [InferInput("X", "FP32", odd_shape, ones)]))  # type: ignore[arg-type]
     assert plain
+    # runs of one kind (one frame each: 1, 20 and 3 messages), broken by another kind or a pickled message
     messages = [(wire.INFER, 1, request, "00-trace"), (wire.RESULT, 2, response), (wire.INFER, 3, odd, ""),
                 (wire.CANCEL, 4), (wire.RESULT, (1 << 70), response)]  # (an id past 64 bits: pickled)
+    messages += [(wire.RESULT, 10 + index, response) for index in range(20)] + [(wire.INFER, 40, request, "")] * 3
 
     async def scenario() -> list[object]:
         ours, theirs = socket.socketpair()

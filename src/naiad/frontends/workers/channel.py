@@ -2,8 +2,10 @@
 
 A frame is a 4-byte little-endian length and a message: pickled (protocol 5: numpy tensors travel as
 one contiguous copy; a pickle's first byte is its PROTO opcode, 0x80), or one of wire.PLAIN's plain
-messages: its kind's byte, then MessagePack (msgspec), decoded into that kind's declared type. A
-plain message costs ~6k fewer instructions to encode than its pickle (callgrind, add_sub's infer and
+messages: its kind's byte, then MessagePack (msgspec), decoded into that kind's declared type; or a
+run of plain messages of one kind sent in one turn of the loop (the kind's byte with its high bit set,
+then their MessagePack array). A plain message costs ~6k fewer instructions to encode than its
+pickle; a run of 8 saves ~6k more per message over both ends (callgrind, add_sub's infer and
 result). Both ends are asyncio protocols: `send()` and `send_plain()` write a frame, `on_message`
 gets each whole frame's message, in order. The worker reads its first frame (the server settings)
 before its event loop starts, with `read_frame()`.
@@ -29,6 +31,9 @@ _dumps = pickle.dumps
 _PICKLED = 0x80  # the first byte of every pickle (protocol >= 2)
 _encode_plain = msgspec.msgpack.Encoder().encode
 _DECODERS = {ord(kind): msgspec.msgpack.Decoder(kind_type).decode for kind, kind_type in PLAIN.items()}
+# A run of plain messages of one kind goes as one frame: one frame to read and one decoding call fewer
+# per message (at c=8/32 the core answers a Python model's batch at once)
+_RUNS = {ord(kind) | 0x80: msgspec.msgpack.Decoder(list[kind_type]).decode for kind, kind_type in PLAIN.items()}
 MAX_FRAME = (1 << 32) - 1
 _FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
@@ -75,6 +80,9 @@ class Channel(asyncio.BufferedProtocol):
         self.closed: asyncio.Future[None] = self._loop.create_future()
         self._transport: asyncio.Transport | None = None
         self._outgoing: list[bytes] = []  # frames (length, message) sent during this turn of the loop, written at its end
+        self._run: list[bytes] = []  # the encoded plain messages of one kind sent last, not framed yet
+        self._run_kind = 0
+        self._run_size = 0
         self._buffer = bytearray(_FIRST_BUFFER)
         self._filled = 0
 
@@ -110,6 +118,8 @@ class Channel(asyncio.BufferedProtocol):
         size = len(payload)
         if size > MAX_FRAME:
             raise UnsendableMessage(f"message of {size} bytes is too large for the worker channel")
+        if self._run:
+            self._close_run()
         outgoing = self._outgoing
         if not outgoing:
             self._loop.call_soon(self._flush)
@@ -125,16 +135,43 @@ class Channel(asyncio.BufferedProtocol):
             # 4 GiB): the pickle carries it, or refuses it as it always did
             self.send(message)
             return
-        size = len(payload) + 1
-        if size > MAX_FRAME:
+        size = len(payload)
+        if size + 6 > MAX_FRAME:  # (its kind's byte, and its run's array header)
             raise UnsendableMessage(f"message of {size} bytes is too large for the worker channel")
+        kind = ord(message[0])
+        run = self._run
+        if run:
+            if kind != self._run_kind or self._run_size + size > MAX_FRAME - 6:
+                self._close_run()
+                self._run_kind = kind
+                run = self._run
+        else:
+            if not self._outgoing:
+                self._loop.call_soon(self._flush)
+            self._run_kind = kind
+        run.append(payload)
+        self._run_size += size
+
+    def _close_run(self) -> None:
+        """The run of plain messages as one frame: the message itself, or their array. (A flush is due: the
+        run's first message saw to it.)"""
+        run, self._run = self._run, []
+        size, self._run_size = self._run_size, 0
         outgoing = self._outgoing
-        if not outgoing:
-            self._loop.call_soon(self._flush)
-        outgoing.append(_pack_head(size, ord(message[0])))
-        outgoing.append(payload)
+        count = len(run)
+        if count == 1:
+            outgoing.append(_pack_head(size + 1, self._run_kind))
+            outgoing.append(run[0])
+            return
+        header = bytes((0x90 | count,)) if count < 16 else (b"\xdc" + count.to_bytes(2, "big") if count < 1 << 16
+                                                          else b"\xdd" + count.to_bytes(4, "big"))
+        outgoing.append(_pack_head(size + 1 + len(header), self._run_kind | 0x80))
+        outgoing.append(header)
+        outgoing.extend(run)
 
     def _flush(self) -> None:
+        if self._run:
+            self._close_run()
         frames, self._outgoing = self._outgoing, []
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(frames))
@@ -163,11 +200,16 @@ class Channel(asyncio.BufferedProtocol):
             # a small frame is sliced out (a copy costs less than a memoryview and its slice: 1.4k of
             # the core's ~103k instructions per add_sub request), a large one read in place
             body = start + _LENGTH.size
-            if buffer[body] == _PICKLED:
+            tag = buffer[body]
+            if tag == _PICKLED:
                 message = pickle.loads(buffer[body:end] if length < _COPIED else memoryview(buffer)[body:end])
+            elif tag < _PICKLED:
+                message = _DECODERS[tag](buffer[body + 1:end] if length < _COPIED else memoryview(buffer)[body + 1:end])
             else:
-                message = _DECODERS[buffer[body]](buffer[body + 1:end] if length < _COPIED
-                                                  else memoryview(buffer)[body + 1:end])
+                start = end
+                for message in _RUNS[tag](buffer[body + 1:end] if length < _COPIED else memoryview(buffer)[body + 1:end]):
+                    self.on_message(message)
+                continue
             start = end
             self.on_message(message)
         remaining = self._filled - start
