@@ -154,6 +154,25 @@ def test_a_message_larger_than_the_pipe_arrives_whole():
     peer.close()
 
 
+def test_sent_messages_stay_whole_after_a_longer_one_a_repeated_value_and_a_failed_send():
+    peer = _Peer()
+    channel = peer.channel()
+    shared = ["same", 1]
+    channel.send(("long", "x" * 5000))
+    channel.send(("short", shared, shared, (shared,)))
+    with pytest.raises(Exception):  # a lock cannot be pickled: nothing of it is written
+        channel.send(("bad", [[threading.Lock()]]))
+    channel.send(("after", 2))
+    decoder = FrameDecoder()
+    messages: list[object] = []
+    while len(messages) < 3:
+        messages += decoder.feed(peer.recv(1 << 16))
+    assert messages == [("long", "x" * 5000), ("short", shared, shared, (shared,)), ("after", 2)]
+    assert not decoder.buffered
+    channel.close()
+    peer.close()
+
+
 def test_receive_gives_up_after_the_timeout():
     peer = _Peer()
     channel = peer.channel(timeout=0.2)

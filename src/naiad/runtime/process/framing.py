@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import select
@@ -74,6 +75,8 @@ class BlockingChannel:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._send_lock = threading.Lock()
+        self._out = io.BytesIO()
+        self._pickler = self._new_pickler()
         self._decoder = FrameDecoder()
         self._pending: list[Any] = []
         buffer = bytearray(RECV_BUFFER)
@@ -86,9 +89,26 @@ class BlockingChannel:
             self._readable.register(read_fd, select.POLLIN)
             self._timeout_ms = max(int(timeout * 1000), 1)
 
+    def _new_pickler(self) -> pickle.Pickler:
+        # One pickler for every message, in fast mode (no memo: a message's values are written as often as
+        # they occur, which our flat, acyclic messages never notice): what encode() writes, less the
+        # pickler's set-up and its memo on both sides (add_sub's reply: ~1.5k instructions less per send).
+        pickler = pickle.Pickler(self._out, _PROTOCOL)
+        pickler.fast = True
+        return pickler
+
     def send(self, message: tuple[Any, ...]) -> None:
-        data = encode(message)
+        out = self._out
         with self._send_lock:
+            out.seek(0)
+            out.truncate()
+            try:
+                self._pickler.dump(message)
+            except BaseException:
+                self._pickler = self._new_pickler()  # a fresh one: a failed dump may leave state behind
+                raise
+            payload = out.getvalue()
+            data = _HEADER.pack(len(payload)) + payload
             written = os.write(self._write_fd, data)
             while written < len(data):  # a message larger than the pipe's room goes in several writes
                 written += os.write(self._write_fd, data[written:])
@@ -103,8 +123,9 @@ class BlockingChannel:
             if not count:
                 raise EOFError("connection closed")
             view = self._view
-            # The usual read, exactly one whole message: decoded here, without the decoder's list.
-            if count > 4 and _HEADER.unpack_from(view)[0] == count - 4 and not self._decoder.buffered:
+            # The usual read, exactly one whole message: decoded here, without the decoder's list (its
+            # buffer read directly: the `buffered` property's call is ~0.7k instructions per message).
+            if count > 4 and _HEADER.unpack_from(view)[0] == count - 4 and not self._decoder._buffer:
                 return pickle.loads(view[4:count])
             messages = self._decoder.feed(view[:count])
             if len(messages) == 1:
