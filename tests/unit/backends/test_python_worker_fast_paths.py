@@ -211,13 +211,14 @@ def test_a_batch_of_one_small_numeric_request_goes_flat_and_builds_the_same_requ
     (by_flat,) = host._requests(flat)
     by_general = host._requests(general)[0]
     assert by_flat._handle == by_general._handle == (1, 0)
+    assert type(by_flat) is type(by_general) and vars(by_flat).keys() == vars(by_general).keys()  # the same fields set
     for method in ("request_id", "correlation_id", "flags", "parameters", "timeout", "requested_output_names",
                    "model_name", "model_version", "release_flags"):
         assert getattr(by_flat, method)() == getattr(by_general, method)(), method
     assert type(by_flat._requested) is tuple and by_flat.parameters() == '{"p": 1}' and by_flat.timeout() == 77
     assert [t.name() for t in by_flat.inputs()] == ["A", "B", "C", "H"]
     for tensor, expected in zip(by_flat.inputs(), by_general.inputs()):
-        assert tensor.datatype() == expected.datatype()
+        assert type(tensor) is type(expected) and tensor.datatype() == expected.datatype()
         array, wanted = tensor._array, expected._array
         assert array.dtype == wanted.dtype and array.shape == wanted.shape and array.flags.writeable
         np.testing.assert_array_equal(array, wanted)
