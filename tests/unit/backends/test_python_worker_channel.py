@@ -173,6 +173,16 @@ def test_sent_messages_stay_whole_after_a_longer_one_a_repeated_value_and_a_fail
     peer.close()
 
 
+def test_a_short_message_read_whole_after_a_longer_one_is_only_itself():
+    peer = _Peer()
+    channel = peer.channel()
+    for message in [("long", "x" * 5000, list(range(100))), ("short",), ("y", 1, b"z" * 300), (), ("short", 2)]:
+        peer.sendall(encode(message))  # each read whole: the buffer still holds the longer one's bytes after it
+        assert channel.receive() == message
+    channel.close()
+    peer.close()
+
+
 def test_receive_gives_up_after_the_timeout():
     peer = _Peer()
     channel = peer.channel(timeout=0.2)

@@ -79,9 +79,11 @@ class BlockingChannel:
         self._pickler = self._new_pickler()
         self._decoder = FrameDecoder()
         self._pending: list[Any] = []
-        buffer = bytearray(RECV_BUFFER)
-        self._buffers = [buffer]
+        self._buffer = buffer = bytearray(RECV_BUFFER)
         self._view = memoryview(buffer)
+        self._body = self._view[4:]  # where a message read whole starts
+        # FileIO.readinto: one buffer, read straight into, ~0.4k instructions less than os.readv per read.
+        self._readinto = io.FileIO(read_fd, "r", closefd=False).readinto
         self._readable: select.poll | None = None
         self._timeout_ms = 0
         if timeout is not None:
@@ -119,14 +121,16 @@ class BlockingChannel:
         while not pending:
             if self._readable is not None and not self._readable.poll(self._timeout_ms):
                 raise TimeoutError("no message from the peer in time")
-            count = os.readv(self._read_fd, self._buffers)
+            count = self._readinto(self._buffer)
             if not count:
                 raise EOFError("connection closed")
             view = self._view
             # The usual read, exactly one whole message: decoded here, without the decoder's list (its
             # buffer read directly: the `buffered` property's call is ~0.7k instructions per message).
+            # pickle.loads stops at the message's STOP opcode, so it takes the buffer's whole tail as it
+            # is (slicing out the message's bytes costs ~0.9k instructions).
             if count > 4 and _HEADER.unpack_from(view)[0] == count - 4 and not self._decoder._buffer:
-                return pickle.loads(view[4:count])
+                return pickle.loads(self._body)
             messages = self._decoder.feed(view[:count])
             if len(messages) == 1:
                 return messages[0]
