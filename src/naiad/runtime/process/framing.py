@@ -9,6 +9,7 @@ import pickle
 import select
 import struct
 import threading
+import types
 from typing import Any
 
 _HEADER = struct.Struct("<I")
@@ -75,7 +76,7 @@ class BlockingChannel:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._send_lock = threading.Lock()
-        self._out = io.BytesIO()
+        self._written: list[bytes] = []  # what the pickler writes: one bytes object per message (or chunks of a big one)
         self._pickler = self._new_pickler()
         self._decoder = FrameDecoder()
         self._pending: list[Any] = []
@@ -95,21 +96,25 @@ class BlockingChannel:
         # One pickler for every message, in fast mode (no memo: a message's values are written as often as
         # they occur, which our flat, acyclic messages never notice): what encode() writes, less the
         # pickler's set-up and its memo on both sides (add_sub's reply: ~1.5k instructions less per send).
-        pickler = pickle.Pickler(self._out, _PROTOCOL)
+        # Its "file" appends what it writes to a list (~0.5k instructions less per message than a BytesIO).
+        self._written.clear()
+        pickler = pickle.Pickler(types.SimpleNamespace(write=self._written.append), _PROTOCOL)
         pickler.fast = True
         return pickler
 
     def send(self, message: tuple[Any, ...]) -> None:
-        out = self._out
+        chunks = self._written
         with self._send_lock:
-            out.seek(0)
-            out.truncate()
             try:
                 self._pickler.dump(message)
             except BaseException:
                 self._pickler = self._new_pickler()  # a fresh one: a failed dump may leave state behind
                 raise
-            payload = out.getvalue()
+            if len(chunks) == 1:
+                payload = chunks.pop()
+            else:
+                payload = b"".join(chunks)
+                chunks.clear()
             data = _HEADER.pack(len(payload)) + payload
             written = os.write(self._write_fd, data)
             while written < len(data):  # a message larger than the pipe's room goes in several writes
