@@ -173,6 +173,17 @@ def test_sent_messages_stay_whole_after_a_longer_one_a_repeated_value_and_a_fail
     peer.close()
 
 
+def test_encoded_messages_decode_alike_after_a_repeated_value_and_a_failed_encode():
+    shared = ("FP32", (1, 16))
+    messages = [("y", shared, shared, [shared]), ("big", b"b" * (1 << 17), "x" * 70_000), ("after", {"k": [1, 2]})]
+    with pytest.raises(Exception):  # a lock cannot be pickled
+        encode(("bad", [[threading.Lock()]]))
+    frames = [encode(message) for message in messages]
+    with pytest.raises(Exception):
+        encode(("bad", {"k": threading.Lock()}))
+    assert FrameDecoder().feed(b"".join(frames) + encode(("last",))) == [*messages, ("last",)]
+
+
 def test_a_short_message_read_whole_after_a_longer_one_is_only_itself():
     peer = _Peer()
     channel = peer.channel()
