@@ -176,6 +176,19 @@ def test_outputs_the_flat_message_cannot_carry_go_in_the_general_one(host, outpu
     host.runtime.pool.close()
 
 
+def test_a_small_output_then_one_too_big_go_together_in_the_general_message(host):
+    sent: list[tuple] = []
+    host.channel = type("Channel", (), {"send": staticmethod(sent.append)})()
+    request = host._requests(("x", 1, None, [("r", 0, 0, "{}", 0, ("A", "B"), [])], []))[0]
+    outputs = [pb_utils.Tensor("A", np.ones(4, np.float32)), pb_utils.Tensor("B", np.zeros(5000, np.float32))]
+    host._finish(1, [request], [pb_utils.InferenceResponse(outputs)], (10, 20))
+    assert sent[0][0] == "d"
+    answer = _answer_on_the_server(sent[0])
+    assert sorted(answer.outputs) == ["A", "B"] and answer.outputs["B"].shape == (5000,)
+    np.testing.assert_array_equal(answer.outputs["A"], np.ones(4, np.float32))
+    host.runtime.pool.close()
+
+
 def _message_sent(requests: list[BackendRequest], input_types: dict[str, str], host: str = "python") -> Any:
     """The message the server's session sends the worker for one batch."""
     written: list[bytes] = []

@@ -20,7 +20,7 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 from naiad.runtime.process.framing import BlockingChannel
 from naiad.runtime.process.host import WorkerHost
-from naiad.runtime.process.tensors import NUMPY_OF, append_flat, pack, unpack_one
+from naiad.runtime.process.tensors import ALIGN, INLINE_MAX, NUMERIC, NUMPY_OF, pack, unpack_one
 from naiad.runtime.process.worker_runtime import error_tuple, exit_worker
 from triton_python_backend_utils import _runtime
 
@@ -230,20 +230,32 @@ class PythonModelHost(WorkerHost):
             if (type(response) is InferenceResponse and response._error is None
                     and request._release_flags != _RESCHEDULE):
                 requested = request._requested
+                # Small numeric outputs: the flat "o" message, ("o", batch_id, parameters, timing, then (name,
+                # datatype, shape, data) of each output). What the "d" message says for such a batch, with
+                # about a third fewer objects to build, pickle and unpickle (add_sub: ~5k instructions less
+                # per request in the worker, ~4k in the server). The rules of tensors.append_flat, applied to
+                # the response's tensors as they are (no list of (name, datatype, array) first, no call:
+                # ~1.5k instructions less): BYTES, other dtypes, empty and too big outputs go in the "d" message.
+                fields: list[Any] = ["o", batch_id, response._parameters, timing]
+                total = 0
+                for tensor in response._tensors:
+                    if tensor._name in requested:
+                        array = tensor._array
+                        nbytes = array.nbytes
+                        if array.dtype is not NUMERIC.get(tensor._datatype) or not nbytes:
+                            break
+                        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+                        if total > INLINE_MAX:
+                            break
+                        fields.append((tensor._name, tensor._datatype, array.shape, bytearray(array.tobytes())))
+                else:
+                    self.channel.send(tuple(fields))
+                    return
                 # A loop, not a list comprehension: 3.11 makes and calls a function for one (~1.5k instructions).
                 group = []
                 for tensor in response._tensors:
                     if tensor._name in requested:
                         group.append((tensor._name, tensor._datatype, tensor._array))
-                # Small numeric outputs: the flat "o" message, ("o", batch_id, parameters, timing, then (name,
-                # datatype, shape, data) of each output). What the "d" message says for such a batch, with
-                # about a third fewer objects to build, pickle and unpickle (add_sub: ~5k instructions less
-                # per request in the worker, ~4k in the server). append_flat refuses BYTES, other dtypes,
-                # empty and too big outputs: those go in the "d" message.
-                fields: list[Any] = ["o", batch_id, response._parameters, timing]
-                if append_flat(fields, group):
-                    self.channel.send(tuple(fields))
-                    return
                 block, metas = pack(self.runtime.pool, [group])
                 self.channel.send(("d", batch_id, block, [(metas[0], response._parameters, None)], None, (), timing))
                 return
