@@ -437,7 +437,7 @@ class WorkerSession:
 
     def _on_output(self, message: tuple[Any, ...]) -> None:
         """("o", batch_id, parameters, timing, then (name, datatype, shape, data) of each output): a batch of
-        one request answered with numeric outputs carried in the message (see python_host._flat_outputs),
+        one request answered with numeric outputs carried in the message (see python_host._finish),
         handled as _on_done handles the same batch in a "d" message."""
         batch_id = message[1]
         batch = self._batches.get(batch_id)
