@@ -33,7 +33,8 @@ _encode_plain = msgspec.msgpack.Encoder().encode
 _DECODERS = {ord(kind): msgspec.msgpack.Decoder(kind_type).decode for kind, kind_type in PLAIN.items()}
 # A run of plain messages of one kind goes as one frame: one frame to read and one decoding call fewer
 # per message (at c=8/32 the core answers a Python model's batch at once)
-_RUNS = {ord(kind) | 0x80: msgspec.msgpack.Decoder(list[kind_type]).decode for kind, kind_type in PLAIN.items()}
+_RUNS = {ord(kind) | 0x80: msgspec.msgpack.Decoder(list[kind_type]).decode  # type: ignore[valid-type]
+         for kind, kind_type in PLAIN.items()}
 MAX_FRAME = (1 << 32) - 1
 _FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
