@@ -87,16 +87,17 @@ ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
 
 class _DisconnectHook:
-    """The scope's `naiad.on_disconnect`: holds the app's callback. The scope refers to this rather than
-    to the exchange, so that an answered exchange is freed at once instead of as cyclic garbage (whose
-    collections pause the event loop)."""
+    """Holds the app's callback for the scope's `naiad.on_disconnect`, which is this object's bound `set`
+    (a bound method is called ~1k instructions cheaper than an instance's __call__). The scope refers to
+    this rather than to the exchange, so that an answered exchange is freed at once instead of as cyclic
+    garbage (whose collections pause the event loop)."""
 
     __slots__ = ("callback",)
 
     def __init__(self) -> None:
         self.callback: Callable[[], None] | None = None
 
-    def __call__(self, callback: Callable[[], None] | None) -> None:
+    def set(self, callback: Callable[[], None] | None) -> None:
         """Run `callback` if the connection is lost before the response is complete, then cancel the
         request's work (None: forget it)."""
         self.callback = callback
@@ -134,7 +135,7 @@ class Exchange:
         self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
         self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
         scope["extensions"] = {
-            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook,
+            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook.set,
             "naiad.take_body": take_body, "naiad.send_response": send_response,
         }
 
