@@ -26,6 +26,7 @@ _NUMPY_BY_VALUE = {
     1: np.bool_, 2: np.uint8, 3: np.uint16, 4: np.uint32, 5: np.uint64, 6: np.int8, 7: np.int16, 8: np.int32,
     9: np.int64, 10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
 }
+_ndarray = np.ndarray
 # protocol datatype <-> TYPE_* value
 _PROTOCOL_VALUES = {
     "BOOL": 1, "UINT8": 2, "UINT16": 3, "UINT32": 4, "UINT64": 5, "INT8": 6, "INT16": 7, "INT32": 8, "INT64": 9,
@@ -81,6 +82,14 @@ class Tensor:
     def __init__(self, name: str, data: Any, dtype: str | None = None) -> None:
         if type(name) is not str:
             name = text(name, "Tensor name")
+        if dtype is None and type(data) is _ndarray:
+            # The usual call, Tensor(name, array) with an array of a native numeric dtype: set at once.
+            found = _PROTOCOL_OF_NUMPY.get(data.dtype)
+            if found is not None:
+                self._name = name
+                self._array = data
+                self._datatype = found
+                return
         array = data if isinstance(data, np.ndarray) else np.asarray(data)
         if dtype == "BF16":
             array = array.view(np.uint16) if array.dtype.itemsize == 2 else array.astype(np.uint16)

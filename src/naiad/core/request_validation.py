@@ -151,7 +151,10 @@ def validate_request(
             if out.name not in model.outputs:
                 raise invalid_arg(f"unexpected inference output '{out.name}' for model '{name}'")
             wanted.add(out.name)
-        output_names = [n for n in model.outputs if n in wanted]  # responses follow the model's output order
+        output_names = []  # responses follow the model's output order
+        for n in model.outputs:  # a loop, not a comprehension: no function call per request (3.11)
+            if n in wanted:
+                output_names.append(n)
     else:
         output_names = list(model.outputs)
     future = (asyncio.get_running_loop() if loop is None else loop).create_future()

@@ -80,16 +80,34 @@ def build_response(
 ) -> InferenceResponse:
     batched = model.max_batch_size > 0
     outputs: list[OutputTensor] = []
-    if not request.outputs:  # every output as produced: nothing to classify or write to shared memory
-        for name, spec, dtype in model.output_plan:
-            if name in arrays:  # as Triton: an output the model did not produce is left out of the response
-                array = arrays[name]
-                if type(array) is np.ndarray and array.dtype is dtype and spec.reshape is None:
-                    datatype = spec.datatype  # what _typed gives for it, without the call
-                else:
-                    array, datatype = _typed(array, spec, batched)
-                outputs.append(OutputTensor(name, datatype, array.shape, array, {}))
-        return InferenceResponse(model.name, model.version_str, outputs, request.id, {})  # positional: a faster __init__
+    # Outputs asked for by name alone (what gRPC clients usually send) are answered as unnamed ones are, among
+    # the requested names: nothing to classify or write to shared memory (add_sub naming both outputs: ~10k
+    # instructions less per request than _build_requested, which takes any other request).
+    names: set[str] | None = None
+    if request.outputs:
+        names = set()
+        for out in request.outputs:
+            if out.classification > 0 or out.shared_memory is not None:
+                return _build_requested(model, request, arrays, shared_memory, batched)
+            names.add(out.name)
+    for name, spec, dtype in model.output_plan:
+        # as Triton: an output the model did not produce is left out of the response
+        if name in arrays and (names is None or name in names):
+            array = arrays[name]
+            if type(array) is np.ndarray and array.dtype is dtype and spec.reshape is None:
+                datatype = spec.datatype  # what _typed gives for it, without the call
+            else:
+                array, datatype = _typed(array, spec, batched)
+            outputs.append(OutputTensor(name, datatype, array.shape, array, {}))
+    return InferenceResponse(model.name, model.version_str, outputs, request.id, {})  # positional: a faster __init__
+
+
+def _build_requested(
+    model: ModelVersion, request: InferenceRequest, arrays: dict[str, np.ndarray],
+    shared_memory: SystemSharedMemoryRegistry, batched: bool,
+) -> InferenceResponse:
+    """build_response for requested outputs that ask for classification or shared memory."""
+    outputs: list[OutputTensor] = []
     for wanted in _requested(request, model):
         spec = model.outputs[wanted.name]
         if wanted.name not in arrays:

@@ -47,7 +47,8 @@ class _BatchStats:
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 DEFAULT_FIRST_RESPONSE_BUCKETS_MS = (100.0, 500.0, 2000.0, 5000.0)
 
-_INFERENCE_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+# The inference_stats durations with a count of their own (the compute ones share one, see _compute).
+_DURATION_KEYS = ("success", "fail", "queue", "cache_hit", "cache_miss")
 
 
 class ModelStatistics:
@@ -70,10 +71,12 @@ class ModelStatistics:
         self.first_response_counts = [0] * (len(self.first_response_buckets_ms) + 1)
         self.first_response_sum_ms = 0.0
         self._lock = threading.Lock()
-        self._inference = {key: _Duration() for key in _INFERENCE_KEYS}
+        self._inference = {key: _Duration() for key in _DURATION_KEYS}
         # the durations every request updates, without a dict lookup each
         self._success, self._fail, self._queue = (self._inference[k] for k in ("success", "fail", "queue"))
-        self._compute = tuple(self._inference[k] for k in ("compute_input", "compute_infer", "compute_output"))
+        # The three compute durations of all executions: every execution adds its request count to all three,
+        # so they share one count (as a batch size's do).
+        self._compute = _BatchStats()
         self._batches: dict[int, _BatchStats] = {}
         self.inference_count = 0
         self.execution_count = 0
@@ -99,7 +102,9 @@ class ModelStatistics:
         record_request together, under one hold of the lock."""
         ms = duration_ns / 1e6
         success, queue = self._success, self._queue
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not `with`: no __enter__/__exit__ looked up and called (~1.1k instructions less)
+        try:
             self._count_first_response(ms)
             # in place rather than through _Duration.add: two calls fewer per request
             success.count += 1
@@ -107,6 +112,8 @@ class ModelStatistics:
             queue.count += 1
             queue.ns += queue_ns
             self.last_inference_ms = time.time_ns() // 1_000_000
+        finally:
+            lock.release()
         if self.summaries is not None:
             self.summaries.observe("request", duration_ns)
             self.summaries.observe("queue", queue_ns)
@@ -148,27 +155,43 @@ class ModelStatistics:
 
     def record_execution(self, batch_size: int, request_count: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One executed batch of `request_count` requests totalling `batch_size` rows."""
-        compute_input, compute_infer, compute_output = self._compute
-        with self._lock:
+        compute = self._compute
+        lock = self._lock
+        lock.acquire()  # not `with`, as in record_answered
+        try:
             self.inference_count += batch_size
             self.execution_count += 1
-            # in place rather than through _Duration.add: six calls fewer per execution
-            compute_input.count += request_count
-            compute_input.ns += input_ns * request_count
-            compute_infer.count += request_count
-            compute_infer.ns += infer_ns * request_count
-            compute_output.count += request_count
-            compute_output.ns += output_ns * request_count
+            compute.count += request_count
+            compute.infer_ns += infer_ns * request_count
             batch = self._batches.get(batch_size)
             if batch is None:
                 batch = self._batches[batch_size] = _BatchStats()
             batch.count += 1
-            batch.input_ns += input_ns
             batch.infer_ns += infer_ns
-            batch.output_ns += output_ns
+            # A backend that times only its whole execution (a Python model) has nothing to add here: four
+            # updates fewer (with the one count: ~1.5k instructions less per execution).
+            if input_ns or output_ns:
+                compute.input_ns += input_ns * request_count
+                compute.output_ns += output_ns * request_count
+                batch.input_ns += input_ns
+                batch.output_ns += output_ns
+        finally:
+            lock.release()
         if self.summaries is not None:
             for key, ns in (("compute_input", input_ns), ("compute_infer", infer_ns), ("compute_output", output_ns)):
                 self.summaries.observe(key, ns, request_count)
+
+    def _inference_stats(self) -> dict:
+        """inference_stats in Triton's order (call with the lock held)."""
+        inference = self._inference
+        compute = self._compute
+        stats = {key: inference[key].as_dict() for key in ("success", "fail", "queue")}
+        stats["compute_input"] = {"count": compute.count, "ns": compute.input_ns}
+        stats["compute_infer"] = {"count": compute.count, "ns": compute.infer_ns}
+        stats["compute_output"] = {"count": compute.count, "ns": compute.output_ns}
+        for key in ("cache_hit", "cache_miss"):
+            stats[key] = inference[key].as_dict()
+        return stats
 
     def as_dict(self) -> dict:
         with self._lock:
@@ -178,7 +201,7 @@ class ModelStatistics:
                 "last_inference": self.last_inference_ms,
                 "inference_count": self.inference_count,
                 "execution_count": self.execution_count,
-                "inference_stats": {key: d.as_dict() for key, d in self._inference.items()},
+                "inference_stats": self._inference_stats(),
                 "response_stats": {},
                 "batch_stats": [b.as_dict(size) for size, b in sorted(self._batches.items())],
                 "memory_usage": [],

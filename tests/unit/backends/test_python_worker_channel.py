@@ -154,6 +154,46 @@ def test_a_message_larger_than_the_pipe_arrives_whole():
     peer.close()
 
 
+def test_sent_messages_stay_whole_after_a_longer_one_a_repeated_value_and_a_failed_send():
+    peer = _Peer()
+    channel = peer.channel()
+    shared = ["same", 1]
+    channel.send(("long", "x" * 5000))
+    channel.send(("short", shared, shared, (shared,)))
+    with pytest.raises(TypeError, match="pickle"):  # a lock cannot be pickled: nothing of it is written
+        channel.send(("bad", [[threading.Lock()]]))
+    channel.send(("after", 2))
+    decoder = FrameDecoder()
+    messages: list[object] = []
+    while len(messages) < 3:
+        messages += decoder.feed(peer.recv(1 << 16))
+    assert messages == [("long", "x" * 5000), ("short", shared, shared, (shared,)), ("after", 2)]
+    assert not decoder.buffered
+    channel.close()
+    peer.close()
+
+
+def test_encoded_messages_decode_alike_after_a_repeated_value_and_a_failed_encode():
+    shared = ("FP32", (1, 16))
+    messages = [("y", shared, shared, [shared]), ("big", b"b" * (1 << 17), "x" * 70_000), ("after", {"k": [1, 2]})]
+    with pytest.raises(TypeError, match="pickle"):  # a lock cannot be pickled
+        encode(("bad", [[threading.Lock()]]))
+    frames = [encode(message) for message in messages]
+    with pytest.raises(TypeError, match="pickle"):
+        encode(("bad", {"k": threading.Lock()}))
+    assert FrameDecoder().feed(b"".join(frames) + encode(("last",))) == [*messages, ("last",)]
+
+
+def test_a_short_message_read_whole_after_a_longer_one_is_only_itself():
+    peer = _Peer()
+    channel = peer.channel()
+    for message in [("long", "x" * 5000, list(range(100))), ("short",), ("y", 1, b"z" * 300), (), ("short", 2)]:
+        peer.sendall(encode(message))  # each read whole: the buffer still holds the longer one's bytes after it
+        assert channel.receive() == message
+    channel.close()
+    peer.close()
+
+
 def test_receive_gives_up_after_the_timeout():
     peer = _Peer()
     channel = peer.channel(timeout=0.2)

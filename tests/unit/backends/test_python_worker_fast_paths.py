@@ -176,6 +176,19 @@ def test_outputs_the_flat_message_cannot_carry_go_in_the_general_one(host, outpu
     host.runtime.pool.close()
 
 
+def test_a_small_output_then_one_too_big_go_together_in_the_general_message(host):
+    sent: list[tuple] = []
+    host.channel = type("Channel", (), {"send": staticmethod(sent.append)})()
+    request = host._requests(("x", 1, None, [("r", 0, 0, "{}", 0, ("A", "B"), [])], []))[0]
+    outputs = [pb_utils.Tensor("A", np.ones(4, np.float32)), pb_utils.Tensor("B", np.zeros(5000, np.float32))]
+    host._finish(1, [request], [pb_utils.InferenceResponse(outputs)], (10, 20))
+    assert sent[0][0] == "d"
+    answer = _answer_on_the_server(sent[0])
+    assert sorted(answer.outputs) == ["A", "B"] and answer.outputs["B"].shape == (5000,)
+    np.testing.assert_array_equal(answer.outputs["A"], np.ones(4, np.float32))
+    host.runtime.pool.close()
+
+
 def _message_sent(requests: list[BackendRequest], input_types: dict[str, str], host: str = "python") -> Any:
     """The message the server's session sends the worker for one batch."""
     written: list[bytes] = []
@@ -211,13 +224,14 @@ def test_a_batch_of_one_small_numeric_request_goes_flat_and_builds_the_same_requ
     (by_flat,) = host._requests(flat)
     by_general = host._requests(general)[0]
     assert by_flat._handle == by_general._handle == (1, 0)
+    assert type(by_flat) is type(by_general) and vars(by_flat).keys() == vars(by_general).keys()  # the same fields set
     for method in ("request_id", "correlation_id", "flags", "parameters", "timeout", "requested_output_names",
                    "model_name", "model_version", "release_flags"):
         assert getattr(by_flat, method)() == getattr(by_general, method)(), method
     assert type(by_flat._requested) is tuple and by_flat.parameters() == '{"p": 1}' and by_flat.timeout() == 77
     assert [t.name() for t in by_flat.inputs()] == ["A", "B", "C", "H"]
     for tensor, expected in zip(by_flat.inputs(), by_general.inputs()):
-        assert tensor.datatype() == expected.datatype()
+        assert type(tensor) is type(expected) and tensor.datatype() == expected.datatype()
         array, wanted = tensor._array, expected._array
         assert array.dtype == wanted.dtype and array.shape == wanted.shape and array.flags.writeable
         np.testing.assert_array_equal(array, wanted)

@@ -125,6 +125,28 @@ def test_outputs_follow_model_order(server):
     assert [o.name for o in response.outputs] == ["OUTPUT0", "OUTPUT1"]
 
 
+def test_outputs_named_alone_answer_as_unnamed_ones_and_others_as_they_ask(server):
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    b = np.ones((1, 16), np.float32)
+    inputs = [("INPUT0", "FP32", a), ("INPUT1", "FP32", b)]
+    every = _run(server, _request("add_sub", inputs, id="r1"))
+    named = _run(server, _request("add_sub", inputs, id="r1", outputs=[RequestedOutput("OUTPUT1"), RequestedOutput("OUTPUT0")]))
+    assert [(o.name, o.datatype, o.shape, o.parameters) for o in named.outputs] == [
+        (o.name, o.datatype, o.shape, o.parameters) for o in every.outputs] == [
+        ("OUTPUT0", "FP32", (1, 16), {}), ("OUTPUT1", "FP32", (1, 16), {})]
+    assert named.id == every.id == "r1" and named.parameters == every.parameters == {}
+    np.testing.assert_array_equal(named.output("OUTPUT0").data, a + b)
+    np.testing.assert_array_equal(named.output("OUTPUT1").data, a - b)
+    alone = _run(server, _request("add_sub", inputs, outputs=[RequestedOutput("OUTPUT1", parameters={"binary_data": True})]))
+    assert [o.name for o in alone.outputs] == ["OUTPUT1"] and alone.outputs[0].parameters == {}
+    np.testing.assert_array_equal(alone.outputs[0].data, a - b)
+    # one output asking for more (classification) than its data: every output as requested
+    mixed = _run(server, _request("add_sub", inputs, outputs=[RequestedOutput("OUTPUT1", classification=1), RequestedOutput("OUTPUT0")]))
+    assert [(o.name, o.datatype, o.shape) for o in mixed.outputs] == [("OUTPUT0", "FP32", (1, 16)), ("OUTPUT1", "BYTES", (1, 1))]
+    np.testing.assert_array_equal(mixed.outputs[0].data, a + b)
+    assert mixed.outputs[1].data[0, 0] == b"14.000000:15"
+
+
 def test_unknown_output_and_model(server):
     a = np.zeros((1, 16), np.float32)
     with pytest.raises(NaiadError, match="unexpected inference output 'NOPE' for model 'add_sub'"):

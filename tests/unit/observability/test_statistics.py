@@ -26,3 +26,25 @@ def test_answered_request_counts_like_first_response_and_success():
     for key in ("request", "queue", "compute_infer"):
         assert combined.summaries.snapshot(key) == separate.summaries.snapshot(key)
     assert combined.summaries.snapshot("request")[1:] == (55_400, 3)  # sum in us, count
+
+
+def test_executions_without_input_or_output_time_keep_every_compute_sum_and_count_exact():
+    """A Python model's executions time only the whole execute (input and output 0); mixed with fully timed
+    ones, the three compute durations still count every request and sum every duration."""
+    stats = ModelStatistics("m", "1")
+    stats.record_execution(1, 1, 0, 500, 0)
+    stats.record_execution(4, 2, 10, 100, 20)
+    stats.record_execution(1, 1, 0, 700, 0)
+    snapshot = stats.as_dict()
+    inference = snapshot["inference_stats"]
+    assert list(inference) == ["success", "fail", "queue", "compute_input", "compute_infer", "compute_output",
+                               "cache_hit", "cache_miss"]
+    assert inference["compute_input"] == {"count": 4, "ns": 20}
+    assert inference["compute_infer"] == {"count": 4, "ns": 1_400}
+    assert inference["compute_output"] == {"count": 4, "ns": 40}
+    assert snapshot["execution_count"] == 3 and snapshot["inference_count"] == 6
+    assert snapshot["batch_stats"] == [
+        {"batch_size": 1, "compute_input": {"count": 2, "ns": 0}, "compute_infer": {"count": 2, "ns": 1_200},
+         "compute_output": {"count": 2, "ns": 0}},
+        {"batch_size": 4, "compute_input": {"count": 1, "ns": 10}, "compute_infer": {"count": 1, "ns": 100},
+         "compute_output": {"count": 1, "ns": 20}}]

@@ -43,8 +43,9 @@ class Inbox:
         self._channel = channel
         self._dispatch = dispatch
         self._on_eof = on_eof
-        # Taken as `with self._lock` (a C-level context manager, cheaper than the Condition's); both
-        # conditions share it, so waits and notifies happen under it as before.
+        # Taken directly (cheaper than the Condition's own enter/exit); both conditions share it, so waits
+        # and notifies happen under it. On the per-message path it is taken as acquire() / try / finally
+        # release(): a `with` statement costs ~1.1k instructions more (it binds __enter__ and __exit__).
         self._lock = lock = threading.Lock()
         self._cv = threading.Condition(lock)  # threads waiting for a command, a reply or the reading role
         self._helper_cv = threading.Condition(lock)  # only the helper: woken when coroutines need a reader
@@ -66,23 +67,45 @@ class Inbox:
                 raise SystemExit(0) from None
             return self._dispatch(message)
         finally:
-            with self._lock:
+            self._lock.acquire()
+            try:
                 self._reading = False
                 if self._waiting:
                     self._cv.notify_all()
+            finally:
+                self._lock.release()
 
     def next_command(self) -> tuple[Any, ...]:
         """The next command for the calling (main) thread, reading the channel itself when it can."""
         self._busy_since = None
+        lock = self._lock
         while True:
-            with self._lock:
+            lock.acquire()
+            try:
                 while not self._commands and self._reading:
                     self._wait()
                 if self._commands:
                     self._busy_since = time.monotonic()
                     return self._commands.popleft()
                 self._reading = True
-            command: tuple[Any, ...] | None = self._read_one()
+            finally:
+                lock.release()
+            # What _read_one does, written out: the call is ~0.5k instructions per request.
+            try:
+                try:
+                    message = self._channel.receive()
+                except (EOFError, OSError):
+                    self._on_eof()
+                    raise SystemExit(0) from None
+                command: tuple[Any, ...] | None = self._dispatch(message)
+            finally:
+                lock.acquire()
+                try:
+                    self._reading = False
+                    if self._waiting:
+                        self._cv.notify_all()
+                finally:
+                    lock.release()
             if command is not None:
                 self._busy_since = time.monotonic()
                 return command

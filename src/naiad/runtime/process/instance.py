@@ -240,12 +240,13 @@ class ProcessInstance:
             # both processes wake up once for several requests. The worker still runs one execute at a
             # time, and holds at most `_depth` batches: this one waits for room first (holding the
             # instance, so later requests queue behind it), and is then sent at once.
-            if pipeline and pipeline[0].done():
+            # Finished batches are dropped (and their times averaged) only once the pipeline is PIPELINE_DEPTH
+            # long, `_depth`'s floor: at c=1 every other request, for two batches (~0.5k instructions less
+            # per request than a look and a call each time).
+            if len(pipeline) >= PIPELINE_DEPTH:
                 self._settle(pipeline)
-            # `_depth` is never below PIPELINE_DEPTH: worked out only when the pipeline is that long (at c=1
-            # it never is; the moving average alone costs ~0.3 us less per request).
-            if len(pipeline) >= PIPELINE_DEPTH and len(pipeline) >= self._depth:
-                await self._wait_for_room(pipeline)
+                if len(pipeline) >= PIPELINE_DEPTH and len(pipeline) >= self._depth:
+                    await self._wait_for_room(pipeline)
         session = self._serving
         if session is None or not session.alive:
             error = internal(f"Stub process '{self.name}' is not healthy.")

@@ -33,7 +33,7 @@ from naiad.runtime.process.shm import (
     PeerBlocks,
     remove_prefixed,
 )
-from naiad.runtime.process.tensors import NUMPY_OF, append_flat, datatype_of, pack
+from naiad.runtime.process.tensors import NUMPY_OF, append_flat_inputs, datatype_of, pack
 
 log = logging.getLogger("naiad.python")
 
@@ -75,8 +75,7 @@ def _flat_request(request: BackendRequest, input_types: dict[str, str]) -> list[
     fields: list[Any] = ["y", 0, tuple(request.requested_outputs),
                          json.dumps(parameters, default=str) if parameters else "{}", [],
                          request.request_id, request.correlation_id, request.flags, request.timeout_us]
-    inputs = [(name, input_types.get(name) or datatype_of(array), array) for name, array in request.inputs.items()]
-    return fields if append_flat(fields, inputs) else None
+    return fields if append_flat_inputs(fields, request.inputs, input_types) else None
 
 
 class _Batch:
@@ -438,7 +437,7 @@ class WorkerSession:
 
     def _on_output(self, message: tuple[Any, ...]) -> None:
         """("o", batch_id, parameters, timing, then (name, datatype, shape, data) of each output): a batch of
-        one request answered with numeric outputs carried in the message (see python_host._flat_outputs),
+        one request answered with numeric outputs carried in the message (see python_host._finish),
         handled as _on_done handles the same batch in a "d" message."""
         batch_id = message[1]
         batch = self._batches.get(batch_id)
@@ -457,8 +456,10 @@ class WorkerSession:
         batch.done = True
         if not batch.future.done():
             batch.future.set_result(timing)
-        if not still_open:
-            self._close_if_complete(batch_id, batch)
+        if not still_open:  # what _close_if_complete does, without the call
+            self._batches.pop(batch_id, None)
+            if batch.block:
+                self.pool.release(batch.block)
 
     def _reschedule(self, batch: _Batch, index: int) -> None:
         """The model released request `index` with RESCHEDULE: hand it back to the scheduler (it is no longer

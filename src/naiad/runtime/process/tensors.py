@@ -102,6 +102,23 @@ def append_flat(fields: list[Any], tensors: list[tuple[str, str, np.ndarray]]) -
     return True
 
 
+def append_flat_inputs(fields: list[Any], arrays: dict[str, np.ndarray], datatypes: dict[str, str]) -> bool:
+    """append_flat for a request's inputs as the request holds them (name -> array, datatypes by name, else
+    the array's own): no (name, datatype, array) list built first, no comprehension call (add_sub: ~4k
+    instructions less per request in the server)."""
+    total = 0
+    for name, array in arrays.items():
+        datatype = datatypes.get(name) or datatype_of(array)
+        nbytes = array.nbytes
+        if array.dtype is not NUMERIC.get(datatype) or not nbytes:
+            return False
+        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
+        if total > INLINE_MAX:
+            return False
+        fields.append((name, datatype, array.shape, bytearray(array.tobytes())))
+    return True
+
+
 def pack(pool: BlockPool, groups: list[Any], inline_max: int = INLINE_MAX) -> tuple[Any, ...]:
     """Write groups of (name, datatype, array) into one block: (block_name or None, [metadata lists]).
 
