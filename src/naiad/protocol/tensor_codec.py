@@ -171,7 +171,10 @@ def _flatten(data: list[Any], name: str) -> list[Any]:
     return flat
 
 
-_FLOAT_CODES = {"FP32": "f", "FP64": "d"}  # array module type codes of the float datatypes
+_FLOAT_CODES = {"FP32": "f", "FP64": "d"}  # struct / array module type codes of the float datatypes
+PACKED_MAX = 1024  # longer float lists go to the array module (a struct holds a code per element)
+# datatype -> {element count: the struct packing that many native floats}, for the few counts a server sees
+_PACKERS: dict[str, dict[int, struct.Struct]] = {datatype: {} for datatype in _FLOAT_CODES}
 _KIND_OK = {
     "b": ("b",),
     "i": ("i", "u"),
@@ -180,21 +183,63 @@ _KIND_OK = {
 }
 
 
+def _new_packer(datatype: str, count: int) -> struct.Struct:
+    packers = _PACKERS[datatype]
+    if len(packers) >= 64:
+        packers.clear()
+    packer = packers[count] = struct.Struct(f"={count}{_FLOAT_CODES[datatype]}")
+    return packer
+
+
+def usual_float_array(datatype: str, raw_shape: Any, data: Any) -> np.ndarray | None:
+    """The usual JSON input of a float datatype, in one call: a shape of non-negative integers and a
+    flat list led by a float, as many as the shape holds (at most PACKED_MAX), packed as
+    array_from_json packs it. None for anything else, and for any doubt (then parse_shape and
+    array_from_json decide, and word the errors): this never raises. Its array's shape is
+    tuple(raw_shape). One call instead of parse_shape's and array_from_json's, and their checks
+    done once: ~5k instructions fewer per input."""
+    packers = _PACKERS.get(datatype)
+    if packers is None or type(raw_shape) is not list or type(data) is not list:
+        return None
+    count = 1
+    for dim in raw_shape:
+        if type(dim) is not int or dim < 0:  # (a bool's type is not int)
+            return None
+        count *= dim
+    if not 0 < count <= PACKED_MAX or len(data) != count or type(data[0]) is not float:
+        return None
+    packed = np.empty(raw_shape, NUMPY_DTYPES[datatype])
+    try:
+        (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)
+    except (struct.error, OverflowError):  # not a number, or +-inf in FP32: array_from_json's way
+        return None
+    return packed
+
+
 def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str) -> np.ndarray:
     """Decode a JSON `data` field (flat or nested, row-major) into an array of `shape`."""
-    code = _FLOAT_CODES.get(datatype)
-    if code is not None and type(data) is list and data and type(data[0]) is float:
-        # The usual float input, a flat list led by a float: the array module packs it in one pass,
-        # with numpy's values (each number as a double, then rounded to the type; past FP32's range,
-        # +-inf), where numpy would first build a float64 array; the array is made over its buffer.
-        # Anything it refuses (a nested list, a string, ...) takes the general path below.
-        try:
-            packed = array.array(code, data)
-        except (TypeError, OverflowError):
-            pass
-        else:
-            if len(packed) == math.prod(shape):
-                return np.ndarray(shape, NUMPY_DTYPES[datatype], packed)
+    packers = _PACKERS.get(datatype)
+    if packers is not None and type(data) is list and data and type(data[0]) is float:
+        # The usual float input, a flat list led by a float: packed in one pass with numpy's values
+        # (each number as a double, then rounded to the type), where numpy would first build a float64
+        # array. A struct packs it straight into the new array (~4k instructions fewer than the array
+        # module for 16 FP32); it refuses what the array module makes +-inf (FP32 past its range), which
+        # then packs it. Anything both refuse (a nested list, a string, ...) takes the general path below.
+        count = len(data)
+        if count == math.prod(shape):
+            if count <= PACKED_MAX:
+                packed = np.empty(shape, NUMPY_DTYPES[datatype])
+                try:
+                    (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)
+                    return packed
+                except (struct.error, OverflowError):
+                    pass
+            try:
+                floats = array.array(_FLOAT_CODES[datatype], data)
+            except (TypeError, OverflowError):
+                pass
+            else:
+                return np.ndarray(shape, NUMPY_DTYPES[datatype], floats)
     if datatype in ("FP16", "BF16"):
         raise invalid_arg(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input"

@@ -79,6 +79,45 @@ def test_decode_json_and_binary_inputs_in_order():
     assert plan.default_binary is False and request.outputs == []
 
 
+_MIXED_INPUTS = [
+    {"name": "F", "datatype": "FP32", "shape": [1, 3], "data": [0.5, 1e39, -2.0]},
+    {"name": "G", "datatype": "FP64", "shape": [2], "data": [0.25, 3]},
+    {"name": "H", "datatype": "FP32", "shape": [2, 1], "data": [[1.5], [2.5]]},
+    {"name": "I", "datatype": "INT64", "shape": [2], "data": [1, 2], "extra": "ignored"},
+    {"name": "J", "datatype": "FP32", "shape": [1], "data": [0.5], "parameters": {"p": 1}},
+]
+
+
+@pytest.mark.parametrize("extra", [{"id": ""}, {"parameters": {}}, {"outputs": []}])
+def test_the_usual_body_decodes_as_a_body_with_more_fields(extra):
+    """A body of inputs alone (the usual one, decoded by a shorter path) gives what the same inputs
+    give in a body the general path decodes."""
+    usual, plan = decode({"inputs": _MIXED_INPUTS})
+    general, _ = decode({"inputs": _MIXED_INPUTS, **extra})
+    assert plan == OutputPlan() and usual.outputs == [] and usual.parameters == {} and usual.id == ""
+    assert usual.model_name == general.model_name and usual.model_version == general.model_version == "3"
+    assert [(i.name, i.datatype, i.shape, i.parameters) for i in usual.inputs] == [
+        (i.name, i.datatype, i.shape, i.parameters) for i in general.inputs]
+    for mine, theirs in zip(usual.inputs, general.inputs, strict=True):
+        assert mine.data.dtype == theirs.data.dtype and mine.data.tobytes() == theirs.data.tobytes()
+        assert mine.data.flags.writeable
+    assert usual.inputs[0].data.tolist() == [[0.5, np.inf, -2.0]]
+
+
+@pytest.mark.parametrize("bad,message", [
+    ({"name": "X", "datatype": "FP32", "shape": [True, 2], "data": [0.5, 1.0]}, "shape of input 'X' must contain only"),
+    ({"name": "X", "datatype": "FP32", "shape": [3], "data": [0.5, 1.0]}, "expected 3 elements, got 2"),
+    ({"name": "X", "datatype": "FP32", "shape": [2], "data": [0.5, "1"]}, "elements are not valid FP32 values"),
+    ({"name": 7, "datatype": "FP32", "shape": [1], "data": [0.5]}, "Unable to parse 'name'"),
+    ({"name": "X", "datatype": "FP8", "shape": [1], "data": [0.5]}, "invalid datatype 'FP8' for input 'X'"),
+])
+def test_the_usual_body_with_a_bad_input_gets_the_general_paths_error(bad, message):
+    for doc in ({"inputs": [bad]}, {"inputs": [bad], "id": "x"}):
+        with pytest.raises(NaiadError) as info:
+            decode(doc)
+        assert info.value.code.http_status == 400 and message in info.value.message, info.value.message
+
+
 def test_decode_outputs_and_plan():
     doc = {
         "parameters": {"binary_data_output": True},

@@ -11,6 +11,7 @@ from tritonclient.utils import serialize_byte_tensor
 
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.tensor_codec import (
+    PACKED_MAX,
     array_from_json,
     array_from_raw,
     array_to_json,
@@ -19,6 +20,7 @@ from naiad.protocol.tensor_codec import (
     non_finite_json_array,
     parse_shape,
     serialize_bytes,
+    usual_float_array,
 )
 
 
@@ -172,3 +174,55 @@ def test_a_flat_list_led_by_a_float_decodes_to_numpys_values(first, rest, dataty
     assert got.dtype == expected.dtype and got.shape == (1, len(data))
     assert got.tobytes() == expected.tobytes()
     got[0, 0] = 0  # a writable array of its own, as numpy's conversion gives
+    usual = usual_float_array(datatype, [1, len(data)], data)
+    if usual is not None:  # the same array in one call (None: array_from_json decides)
+        assert usual.dtype == expected.dtype and usual.shape == (1, len(data)) and usual.tobytes() == expected.tobytes()
+        usual[0, 0] = 0
+
+
+_MANY = [0.5 + i for i in range(PACKED_MAX + 1)]
+
+
+@pytest.mark.parametrize("datatype,raw_shape,data,packed", [
+    ("FP32", [1, 3], [0.5, 0.25, -2.0], True),
+    ("FP64", [3], [0.5, 2, True], True),  # (what follows the first float: as array_from_json takes it)
+    ("FP32", [1, 2], [0.5, 1e39], False),  # past FP32's range: array_from_json makes it +inf
+    ("FP64", [1, 2], [0.5, 1e39], True),
+    ("FP32", [2, True], [0.5, 1.0], False),  # a bool is no dimension
+    ("FP32", [2.0], [0.5, 1.0], False),
+    ("FP32", [-1, -2], [0.5, 1.0], False),
+    ("FP32", (2,), [0.5, 1.0], False),  # (a JSON shape is a list)
+    ("FP32", [3], [0.5, 1.0], False),
+    ("FP32", [0], [], False),
+    ("FP32", [2], [1, 0.5], False),  # led by an integer: numpy's conversion, in array_from_json
+    ("FP32", [2], [0.5, "1"], False),
+    ("FP32", [2], [0.5, None], False),
+    ("FP32", [1], [[0.5]], False),
+    ("FP32", [2], [0.5, 2**2000], False),
+    ("FP32", [2], (0.5, 1.0), False),
+    ("FP32", [1, PACKED_MAX + 1], _MANY, False),
+    ("FP16", [1], [0.5], False),
+    ("INT32", [1], [0.5], False),
+    ("NOPE", [1], [0.5], False),
+])
+def test_the_usual_float_input_is_packed_in_one_call_or_left_to_the_general_path(datatype, raw_shape, data, packed):
+    """usual_float_array never raises: it gives what parse_shape and array_from_json would, or None
+    (they then decide, and word any error)."""
+    got = usual_float_array(datatype, raw_shape, data)
+    assert (got is not None) == packed
+    if packed:
+        expected = array_from_json(datatype, parse_shape(raw_shape, "x"), data, "x")
+        assert got.dtype == expected.dtype and got.shape == tuple(raw_shape) and got.tobytes() == expected.tobytes()
+        assert all(type(dim) is int for dim in got.shape)
+        got.flat[0] = 7.0  # writable, its own memory
+        assert got.flat[0] == 7.0
+
+
+@pytest.mark.parametrize("datatype,dtype", [("FP32", np.float32), ("FP64", np.float64)])
+def test_a_long_float_list_is_packed_by_the_array_module_with_the_same_values(datatype, dtype):
+    for data in (_MANY, [1e39, *_MANY]):
+        got = array_from_json(datatype, (1, len(data)), data, "x")
+        with np.errstate(over="ignore"):
+            expected = np.asarray(data).astype(dtype).reshape(1, len(data))
+        assert got.dtype == expected.dtype and got.tobytes() == expected.tobytes()
+        got[0, 0] = 0

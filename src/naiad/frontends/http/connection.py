@@ -79,22 +79,25 @@ def _status_line(status: int) -> bytes:
 
 STATUS_LINES = {status: _status_line(status) for status in range(100, 600)}
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+LENGTH_LAST = b"content-length: %d\r\n\r\n"
+LENGTH_THEN_CLOSE = b"content-length: %d\r\nconnection: close\r\n\r\n"
 _DISCONNECT = {"type": "http.disconnect"}
 _METHODS = {name.encode(): name for name in ("GET", "POST", "HEAD", "PUT", "DELETE", "OPTIONS", "PATCH")}  # decoded once
 ASGI_VERSION = {"version": "3.0", "spec_version": "2.3"}
 
 
 class _DisconnectHook:
-    """The scope's `naiad.on_disconnect`: holds the app's callback. The scope refers to this rather than
-    to the exchange, so that an answered exchange is freed at once instead of as cyclic garbage (whose
-    collections pause the event loop)."""
+    """Holds the app's callback for the scope's `naiad.on_disconnect`, which is this object's bound `set`
+    (a bound method is called ~1k instructions cheaper than an instance's __call__). The scope refers to
+    this rather than to the exchange, so that an answered exchange is freed at once instead of as cyclic
+    garbage (whose collections pause the event loop)."""
 
     __slots__ = ("callback",)
 
     def __init__(self) -> None:
         self.callback: Callable[[], None] | None = None
 
-    def __call__(self, callback: Callable[[], None] | None) -> None:
+    def set(self, callback: Callable[[], None] | None) -> None:
         """Run `callback` if the connection is lost before the response is complete, then cancel the
         request's work (None: forget it)."""
         self.callback = callback
@@ -132,7 +135,7 @@ class Exchange:
         self.task: asyncio.Task | None = None  # the app's task, once its first step has waited
         self.awaited: asyncio.Future | None = None  # what the first step waits on, before there is a task
         scope["extensions"] = {
-            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook,
+            "naiad.body_deadline": {}, "naiad.on_disconnect": self.disconnect_hook.set,
             "naiad.take_body": take_body, "naiad.send_response": send_response,
         }
 
@@ -263,16 +266,15 @@ class Exchange:
         self.expect_continue = False
         if conn.shutting_down:
             self.keep_alive = False
-        head = b"".join((
-            STATUS_LINES.get(status) or _status_line(status), default_head, fields,
-            b"content-length: %d\r\n" % len(body), b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n",
-        ))
+        length = (LENGTH_LAST if self.keep_alive else LENGTH_THEN_CLOSE) % len(body)  # the head's last lines
+        status_line = STATUS_LINES.get(status) or _status_line(status)
         if self.head_only:
-            body = b""
-        if len(body) > SMALL_WRITE:
-            conn.transport.writelines((head, body))
+            conn.transport.write(b"".join((status_line, default_head, fields, length)))
+        elif len(body) > SMALL_WRITE:
+            conn.transport.writelines((b"".join((status_line, default_head, fields, length)), body))
         else:
-            conn.transport.write(head + body)
+            # head and body in one join (~0.5k instructions fewer than joining the head, then adding the body)
+            conn.transport.write(b"".join((status_line, default_head, fields, length, body)))
         self.complete = True
         if self.waiter is not None:
             self._wake()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from asyncio import CancelledError
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -34,16 +35,17 @@ class DisconnectWatch:
         self.gone = False
         self.hook = hook
 
-    def lost(self) -> None:
+    def __call__(self) -> None:
+        """The client is gone (the watch is its own callback: no bound method made per request)."""
         self.gone = True
 
     def __enter__(self) -> DisconnectWatch:
-        self.hook(self.lost)
+        self.hook(self)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, trace: Any) -> None:
         self.hook(None)
-        if kind is asyncio.CancelledError and cancelled_by_disconnect(self.gone):
+        if kind is CancelledError and cancelled_by_disconnect(self.gone):
             raise ClientDisconnected() from None
 
 

@@ -30,6 +30,7 @@ from naiad.protocol.tensor_codec import (
     has_non_finite,
     non_finite_json_array,
     parse_shape,
+    usual_float_array,
 )
 from naiad.protocol.types import (
     InferenceRequest,
@@ -83,6 +84,12 @@ def decode_infer_request(model: str, version: str, body: bytes, header_length: i
             doc = orjson.loads(body)  # the usual body (load_request_json's first try, a call fewer)
         except orjson.JSONDecodeError:
             doc = load_request_json(body)
+        if type(doc) is dict and len(doc) == 1 and "inputs" in doc:
+            # The usual body, inputs and nothing else: what the general path below makes of it, without
+            # looking for the id, parameters and outputs it does not hold.
+            request = InferenceRequest(model, [], version)
+            _decode_inputs(request, doc["inputs"], _EMPTY, False)
+            return request, _ALL_JSON
         binary = _EMPTY
     else:
         view = memoryview(body)
@@ -123,9 +130,16 @@ def _decode_inputs(request: InferenceRequest, raw_inputs: Any, binary: memoryvie
             raise invalid_arg(f"Unable to parse 'datatype' of input '{name}'")
         if datatype not in NUMPY_DTYPES:
             check_datatype(datatype, name)  # raises
-        shape = parse_shape(raw.get("shape"), name)
         params = raw.get("parameters")
         if params is None and "data" in raw:  # the usual JSON input: its data and nothing else
+            # (of a float datatype: its shape checked and its data packed in one call, ~5k instructions
+            # fewer; anything else or anything wrong with it, parse_shape and array_from_json below)
+            array = usual_float_array(datatype, raw.get("shape"), raw["data"])
+            if array is not None:
+                inputs.append(InferInput(name, datatype, array.shape, array))
+                continue
+        shape = parse_shape(raw.get("shape"), name)
+        if params is None and "data" in raw:
             inputs.append(InferInput(name, datatype, shape, array_from_json(datatype, shape, raw["data"], name)))
             continue
         params = as_object(params, "parameters")
