@@ -210,7 +210,8 @@ def usual_float_array(datatype: str, raw_shape: Any, data: Any) -> np.ndarray | 
         return None
     packed = np.empty(raw_shape, NUMPY_DTYPES[datatype])
     try:
-        (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)
+        # (an ndarray is a writable buffer; numpy's stubs declare __buffer__ only for Python >= 3.12)
+        (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)  # type: ignore[arg-type]
     except (struct.error, OverflowError):  # not a number, or +-inf in FP32: array_from_json's way
         return None
     return packed
@@ -230,7 +231,7 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
             if count <= PACKED_MAX:
                 packed = np.empty(shape, NUMPY_DTYPES[datatype])
                 try:
-                    (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)
+                    (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)  # type: ignore[arg-type]
                     return packed
                 except (struct.error, OverflowError):
                     pass
