@@ -248,7 +248,7 @@ def _current(resolved: ResolvedModel | None, request: InferenceRequest) -> Model
     if resolved is None:
         return None
     # the handle's version read here rather than through its `name` and `current()`: two calls fewer per request
-    model = resolved._model if isinstance(resolved, ResolvedVersion) else None
+    model = resolved.version_model if isinstance(resolved, ResolvedVersion) else None
     if model is None or model.name != request.model_name:
         raise internal(f"the model handle passed with a request for '{request.model_name}' was not resolved for it")
     return None if model.retired else model

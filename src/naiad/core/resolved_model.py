@@ -11,40 +11,43 @@ from naiad.core.model_version import ModelVersion
 
 
 class ResolvedVersion:
-    """`ResolvedModel` over a ModelVersion; infer and stream run on `current()` when it is not None."""
+    """`ResolvedModel` over a ModelVersion; infer and stream run on `current()` when it is not None.
 
-    __slots__ = ("_model",)
+    `version_model` is the version it was resolved to, public so that the request path can read it
+    without the property calls (see inference_service._current)."""
+
+    __slots__ = ("version_model",)
 
     def __init__(self, model: ModelVersion) -> None:
-        self._model = model
+        self.version_model = model
 
     def current(self) -> ModelVersion | None:
         """The version, unless it stopped serving since it was resolved (then infer looks up again)."""
-        return None if self._model.retired else self._model
+        return None if self.version_model.retired else self.version_model
 
     @property
     def name(self) -> str:
-        return self._model.name
+        return self.version_model.name
 
     @property
     def version(self) -> str:
-        return self._model.version_str
+        return self.version_model.version_str
 
     @property
     def decoupled(self) -> bool:
-        return self._model.decoupled
+        return self.version_model.decoupled
 
     @property
     def config(self) -> mc.ModelConfig:
-        return self._model.config
+        return self.version_model.config
 
     @property
     def inputs(self) -> tuple[TensorMetadata, ...]:
-        return self._model.input_metadata
+        return self.version_model.input_metadata
 
     @property
     def outputs(self) -> tuple[TensorMetadata, ...]:
-        return self._model.output_metadata
+        return self.version_model.output_metadata
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str | None:
-        return self._model.apply_chat_template(messages, add_generation_prompt)
+        return self.version_model.apply_chat_template(messages, add_generation_prompt)
