@@ -233,7 +233,7 @@ class PythonModelHost(WorkerHost):
                 # Small numeric outputs: the flat "o" message, ("o", batch_id, parameters, timing, then (name,
                 # datatype, shape, data) of each output). What the "d" message says for such a batch, with
                 # about a third fewer objects to build, pickle and unpickle (add_sub: ~5k instructions less
-                # per request in the worker, ~4k in the server). The rules of tensors.append_flat, applied to
+                # per request in the worker, ~4k in the server). The rules of tensors.append_flat_inputs, applied to
                 # the response's tensors as they are (no list of (name, datatype, array) first, no call:
                 # ~1.5k instructions less): BYTES, other dtypes, empty and too big outputs go in the "d" message.
                 fields: list[Any] = ["o", batch_id, response._parameters, timing]

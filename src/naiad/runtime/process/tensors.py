@@ -86,26 +86,13 @@ def _prepare(datatype: str, array: np.ndarray) -> tuple[bytes | np.ndarray, int]
 NUMERIC = {datatype: dtype for datatype, dtype in NUMPY_OF.items() if datatype != "BYTES"}
 
 
-def append_flat(fields: list[Any], tensors: list[tuple[str, str, np.ndarray]]) -> bool:
-    """Append (name, datatype, shape, data) of each (name, datatype, array) to the fields of a flat message
-    (the "y" request and "o" answer of a batch of one request); False, leaving the message unusable, when a
-    tensor does not fit one (BYTES, another dtype than its datatype's, empty, or too big to travel inline)."""
-    total = 0
-    for name, datatype, array in tensors:
-        nbytes = array.nbytes
-        if array.dtype is not NUMERIC.get(datatype) or not nbytes:
-            return False
-        total += (nbytes + ALIGN - 1) & ~(ALIGN - 1)
-        if total > INLINE_MAX:
-            return False
-        fields.append((name, datatype, array.shape, bytearray(array.tobytes())))
-    return True
-
-
 def append_flat_inputs(fields: list[Any], arrays: dict[str, np.ndarray], datatypes: dict[str, str]) -> bool:
-    """append_flat for a request's inputs as the request holds them (name -> array, datatypes by name, else
-    the array's own): no (name, datatype, array) list built first, no comprehension call (add_sub: ~4k
-    instructions less per request in the server)."""
+    """Append (name, datatype, shape, data) of each of a request's inputs (name -> array; datatypes by name,
+    else the array's own) to the fields of a flat message (the "y" request of a batch of one request);
+    False, leaving the message unusable, when a tensor does not fit one (BYTES, another dtype than its
+    datatype's, empty, or too big to travel inline). The worker's "o" answer follows the same rules
+    (python_host.PythonModelHost._finish). Taking the request's dict as it is, with no list of
+    (name, datatype, array) built first: ~4k instructions less per add_sub request in the server."""
     total = 0
     for name, array in arrays.items():
         datatype = datatypes.get(name) or datatype_of(array)
