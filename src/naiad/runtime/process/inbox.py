@@ -90,22 +90,7 @@ class Inbox:
                 self._reading = True
             finally:
                 lock.release()
-            # What _read_one does, written out: the call is ~0.5k instructions per request.
-            try:
-                try:
-                    message = self._channel.receive()
-                except (EOFError, OSError):
-                    self._on_eof()
-                    raise SystemExit(0) from None
-                command: tuple[Any, ...] | None = self._dispatch(message)
-            finally:
-                lock.acquire()
-                try:
-                    self._reading = False
-                    if self._waiting:
-                        self._cv.notify_all()
-                finally:
-                    lock.release()
+            command: tuple[Any, ...] | None = self._read_one()
             if command is not None:
                 self._busy_since = time.monotonic()
                 return command
