@@ -85,6 +85,45 @@ def test_requests_with_parameters_or_typed_contents_are_decoded_in_full() -> Non
         np.testing.assert_array_equal(decoder.decode(typed).inputs[0].data, [4, 5])
 
 
+def test_parameters_without_effect_on_a_unary_call_are_remembered_and_others_are_not() -> None:
+    # perf_analyzer's requests carry triton_enable_empty_final_response; HTTP hints are ignored on gRPC
+    decoder = InferDecoder(allow_shared_memory=False)
+    rng = np.random.default_rng(3)
+    zeros = np.zeros((1, 16), np.float32)
+
+    def with_params(request: pb.ModelInferRequest, **kinds: tuple[str, object]) -> pb.ModelInferRequest:
+        for key, (kind, value) in kinds.items():
+            setattr(request.parameters[key], kind, value)
+        return request
+
+    plain = dict(triton_enable_empty_final_response=("bool_param", True), binary_data_output=("bool_param", True))
+    first = with_params(_request(zeros, zeros), **plain).SerializeToString()
+    decoder.decode(pb.ModelInferRequest.FromString(first), first)
+    a, b = rng.standard_normal((1, 16), np.float32), rng.standard_normal((1, 16), np.float32)
+    again = with_params(_request(a, b), **plain)
+    decoded = decoder.decode_serialized(again.SerializeToString())
+    assert decoded is not None
+    _same(decoded, decode_infer_request(again, False))
+    assert decoded.parameters == {} and decoded.priority == 0 and decoded.sequence_id == 0
+    np.testing.assert_array_equal(decoded.inputs[1].data, b)
+    # a parameter with an effect, or a custom one, is never remembered: each such request is decoded in full
+    for kinds in (dict(priority=("uint64_param", 3)), dict(custom=("string_param", "x")),
+                  dict(triton_enable_empty_final_response=("bool_param", True), sequence_id=("int64_param", 7))):
+        message = with_params(_request(zeros, zeros), **kinds).SerializeToString()
+        full = decoder.decode(pb.ModelInferRequest.FromString(message), message)
+        assert decoder.decode_serialized(message) is None
+        assert (full.priority, full.parameters.get("custom"), full.sequence_id) == (
+            kinds.get("priority", (0, 0))[1], kinds.get("custom", (0, None))[1], kinds.get("sequence_id", (0, 0))[1])
+    # a flag with a value of the wrong type is refused every time, never remembered
+    bad = with_params(_request(zeros, zeros), triton_enable_empty_final_response=("string_param", "yes"))
+    message = bad.SerializeToString()
+    for _ in range(2):
+        with pytest.raises(NaiadError) as refused:
+            decoder.decode(pb.ModelInferRequest.FromString(message), message)
+        assert refused.value.code is ErrorCode.INVALID_ARG
+        assert decoder.decode_serialized(message) is None
+
+
 def test_bytes_inputs_are_decoded_in_full() -> None:
     decoder = InferDecoder(allow_shared_memory=False)
     raw = len(b"ab").to_bytes(4, "little") + b"ab"

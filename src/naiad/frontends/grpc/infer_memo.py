@@ -5,7 +5,8 @@ names, datatypes and shapes, same requested outputs. Reading those fields out of
 message costs several microseconds a request; the message without its `raw_input_contents` (and
 its `id`) is the key under which what they decoded to is kept, so a request seen before only has
 its raw tensors checked and wrapped. Only plain requests are remembered (fixed-size raw inputs, no
-parameters, no shared memory, no classification): decoding them is a function of the key.
+parameters but those without effect on a unary call, such as the `triton_enable_empty_final_response`
+flag perf_analyzer sends, no shared memory, no classification): decoding them is a function of the key.
 
 A server that hands over the serialized message (Naiad's own) spares the parsing too: a message
 that is exactly the key followed by its raw tensors (the order protobuf serializers write the
@@ -21,6 +22,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2 as pb
 
 from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
+from naiad.frontends.grpc.params import NO_EFFECT_ON_UNARY
 from naiad.protocol.datatypes import WIRE_DTYPES
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 
@@ -60,8 +62,11 @@ class _Serialized:
 
 def _layout_of(request: pb.ModelInferRequest, buffers: list[bytes], decoded: InferenceRequest) -> _Layout | None:
     """What a plain request decoded to, or None when it is not plain."""
-    if request.parameters or len(buffers) != len(decoded.inputs):
+    if len(buffers) != len(decoded.inputs):
         return None
+    for key in request.parameters:  # (checked by the decode: their values were valid)
+        if key not in NO_EFFECT_ON_UNARY:
+            return None
     inputs = []
     for tensor in decoded.inputs:
         data, wire = tensor.data, WIRE_DTYPES.get(tensor.datatype)

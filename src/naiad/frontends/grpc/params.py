@@ -21,6 +21,9 @@ RESERVED_PREFIX_MESSAGE = (
 )
 # HTTP-only encoding hints: accepted and ignored on gRPC.
 _IGNORED = frozenset(("binary_data_output", "binary_data", "binary_data_size", "headers"))
+# Request parameters that, once checked, leave a unary request's decoding as if they were absent: the
+# ignored encoding hints and the reserved flags only a stream acts on (infer_memo remembers such requests).
+NO_EFFECT_ON_UNARY = _IGNORED | frozenset(ALLOWED_RESERVED)
 _INT64_MAX = (1 << 63) - 1
 _UINT64_MASK = (1 << 64) - 1
 
