@@ -191,6 +191,19 @@ def _new_packer(datatype: str, count: int) -> struct.Struct:
     return packer
 
 
+def _struct_packed(datatype: str, shape: Any, data: list[Any], count: int) -> np.ndarray | None:
+    """`count` (<= PACKED_MAX) floats of `data` packed by a struct straight into a new `shape` array, or None
+    when the struct refuses them (not a number, or +-inf in FP32: the array module's way decides)."""
+    packers = _PACKERS[datatype]
+    packed = np.empty(shape, NUMPY_DTYPES[datatype])
+    try:
+        # (an ndarray is a writable buffer; numpy's stubs declare __buffer__ only for Python >= 3.12)
+        (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)  # type: ignore[arg-type]
+    except (struct.error, OverflowError):
+        return None
+    return packed
+
+
 def usual_float_array(datatype: str, raw_shape: Any, data: Any) -> np.ndarray | None:
     """The usual JSON input of a float datatype, in one call: a shape of non-negative integers and a
     flat list led by a float, as many as the shape holds (at most PACKED_MAX), packed as
@@ -198,8 +211,7 @@ def usual_float_array(datatype: str, raw_shape: Any, data: Any) -> np.ndarray | 
     array_from_json decide, and word the errors): this never raises. Its array's shape is
     tuple(raw_shape). One call instead of parse_shape's and array_from_json's, and their checks
     done once: ~5k instructions fewer per input."""
-    packers = _PACKERS.get(datatype)
-    if packers is None or type(raw_shape) is not list or type(data) is not list:
+    if datatype not in _PACKERS or type(raw_shape) is not list or type(data) is not list:
         return None
     count = 1
     for dim in raw_shape:
@@ -208,19 +220,12 @@ def usual_float_array(datatype: str, raw_shape: Any, data: Any) -> np.ndarray | 
         count *= dim
     if not 0 < count <= PACKED_MAX or len(data) != count or type(data[0]) is not float:
         return None
-    packed = np.empty(raw_shape, NUMPY_DTYPES[datatype])
-    try:
-        # (an ndarray is a writable buffer; numpy's stubs declare __buffer__ only for Python >= 3.12)
-        (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)  # type: ignore[arg-type]
-    except (struct.error, OverflowError):  # not a number, or +-inf in FP32: array_from_json's way
-        return None
-    return packed
+    return _struct_packed(datatype, raw_shape, data, count)
 
 
 def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str) -> np.ndarray:
     """Decode a JSON `data` field (flat or nested, row-major) into an array of `shape`."""
-    packers = _PACKERS.get(datatype)
-    if packers is not None and type(data) is list and data and type(data[0]) is float:
+    if datatype in _PACKERS and type(data) is list and data and type(data[0]) is float:
         # The usual float input, a flat list led by a float: packed in one pass with numpy's values
         # (each number as a double, then rounded to the type), where numpy would first build a float64
         # array. A struct packs it straight into the new array (~4k instructions fewer than the array
@@ -229,12 +234,9 @@ def array_from_json(datatype: str, shape: tuple[int, ...], data: Any, name: str)
         count = len(data)
         if count == math.prod(shape):
             if count <= PACKED_MAX:
-                packed = np.empty(shape, NUMPY_DTYPES[datatype])
-                try:
-                    (packers.get(count) or _new_packer(datatype, count)).pack_into(packed, 0, *data)  # type: ignore[arg-type]
+                packed = _struct_packed(datatype, shape, data, count)
+                if packed is not None:
                     return packed
-                except (struct.error, OverflowError):
-                    pass
             try:
                 floats = array.array(_FLOAT_CODES[datatype], data)
             except (TypeError, OverflowError):
