@@ -164,11 +164,9 @@ class Channel(asyncio.BufferedProtocol):
             outgoing.append(_pack_head(size + 1, self._run_kind))
             outgoing.append(run[0])
             return
-        header = bytes((0x90 | count,)) if count < 16 else (b"\xdc" + count.to_bytes(2, "big") if count < 1 << 16
-                                                          else b"\xdd" + count.to_bytes(4, "big"))
-        outgoing.append(_pack_head(size + 1 + len(header), self._run_kind | 0x80))
-        outgoing.append(header)
-        outgoing.extend(run)
+        array = _encode_plain([msgspec.Raw(payload) for payload in run])  # the encoded messages as they are
+        outgoing.append(_pack_head(len(array) + 1, self._run_kind | 0x80))
+        outgoing.append(array)
 
     def _flush(self) -> None:
         if self._run:
