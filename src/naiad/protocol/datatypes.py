@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 # protocol datatype -> numpy dtype. BF16 has no numpy type: it travels as raw uint16 words.
@@ -22,9 +24,12 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(np.uint16),
 }
 
-# Little-endian wire dtypes (the binary extension is little-endian whatever the host).
+# Little-endian wire dtypes (the binary extension is little-endian whatever the host). On a little-endian
+# host they are the native dtype objects themselves: arrays made from wire bytes then pass the `is` checks
+# of the fast paths (a `newbyteorder("<")` copy is equal but not the same object, and sent every binary
+# HTTP and gRPC input of a Python model down the general worker message path).
 WIRE_DTYPES: dict[str, np.dtype] = {
-    name: (dt.newbyteorder("<") if dt.kind in "iuf" else dt)
+    name: (dt.newbyteorder("<") if dt.kind in "iuf" and sys.byteorder != "little" else dt)
     for name, dt in NUMPY_DTYPES.items()
     if name != "BYTES"
 }
