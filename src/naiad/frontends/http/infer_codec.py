@@ -18,7 +18,7 @@ from naiad.frontends.http.infer_params import (
     remaining_parameters,
     shared_memory_ref,
 )
-from naiad.protocol.datatypes import NUMPY_DTYPES
+from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import (
@@ -44,6 +44,9 @@ _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
 _EMPTY = memoryview(b"")
 _NOT_NUMPY_JSON = ("BYTES", "FP16", "BF16")  # written element by element (array_to_json), or refused
 _NUMPY_JSON_FLOATS = ("FP32", "FP64")
+# Numeric datatypes whose arrays are their wire bytes as they are (the native dtype is the little-endian one)
+_WIRE_NUMERIC = {datatype: dtype for datatype, dtype in NUMPY_DTYPES.items()
+                 if datatype != "BYTES" and WIRE_DTYPES.get(datatype) is dtype}
 _NATIVE_FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))  # in native byte order
 
 
@@ -220,6 +223,10 @@ def encode_infer_response(response: InferenceResponse, plan: OutputPlan) -> tupl
         # the general path spells them out. One search (~1.3k instructions fewer than _may_hold_null_data's).
         if header is not None and header.find(b"null") < 0:
             return header, None
+    elif plan.binary or plan.default_binary:
+        encoded = _encode_binary_outputs(response, plan)
+        if encoded is not None:
+            return encoded
     header, blobs = _encode(response, plan, spell_non_finite=False)
     if _may_hold_null_data(header):
         # Only then can an output hold NaN or +-inf (orjson's null): written again, spelled out.
@@ -265,6 +272,33 @@ def _encode_float_outputs(response: InferenceResponse) -> bytes | None:
         {"model_name": response.model_name, "model_version": str(response.model_version), "outputs": outputs},
         option=orjson.OPT_SERIALIZE_NUMPY,
     )
+
+
+def _encode_binary_outputs(response: InferenceResponse, plan: OutputPlan) -> tuple[bytes, int | None] | None:
+    """encode_infer_response's answer when every output goes back as a binary blob of its datatype's own
+    numeric dtype and nothing has parameters (None: any other answer), as tritonclient and perf_analyzer
+    ask for it. The same bytes as _encode's, with no JSON data to look for nulls in and no dict copied
+    per output (~6k instructions fewer for add_sub's two outputs)."""
+    if response.id or response.parameters:
+        return None
+    binary, default_binary = plan.binary, plan.default_binary
+    outputs = []
+    parts = [b""]  # the header goes first
+    for out in response.outputs:
+        data = out.data
+        if (data is None or out.parameters or type(out.shape) is not tuple or not binary.get(out.name, default_binary)
+                or data.dtype is not _WIRE_NUMERIC.get(out.datatype) or not data.flags.c_contiguous):
+            return None
+        outputs.append({"name": out.name, "datatype": out.datatype, "shape": out.shape,
+                        "parameters": {"binary_data_size": data.nbytes}})
+        if data.nbytes:
+            parts.append(data.data.cast("B") if data.ndim else data.tobytes())
+    header = orjson.dumps({"model_name": response.model_name, "model_version": str(response.model_version),
+                           "outputs": outputs})
+    if len(parts) == 1:
+        return header, None  # no blob (every output empty): a JSON answer, as _encode's caller makes it
+    parts[0] = header
+    return b"".join(parts), len(header)
 
 
 def _encode(response: InferenceResponse, plan: OutputPlan, spell_non_finite: bool) -> tuple[bytes, list[bytes | memoryview]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from naiad.frontends.http.binary_memo import BinaryHeaderMemo
 from naiad.frontends.http.body import (
     Receive,
     RequestHeaders,
@@ -82,6 +83,7 @@ class InferHandler:
         self.server = server
         self.inference = server.inference
         self.forward_headers: HeaderForwarder | None = None  # --http-header-forward-pattern
+        self.binary_memo = BinaryHeaderMemo()
 
     async def handle(self, scope: dict[str, Any], receive: Receive, send: Send, model: str, version: str) -> None:
         headers = RequestHeaders.from_scope(scope)
@@ -100,8 +102,10 @@ class InferHandler:
                 if header_length == 0:  # a raw binary body: the model's config shapes its one input
                     resolved = await self.inference.resolve(model, version)
                     request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
+                elif header_length is None:
+                    request, plan = decode_infer_request(model, version, body, None)
                 else:
-                    request, plan = decode_infer_request(model, version, body, header_length)
+                    request, plan = self.binary_memo.decode(model, version, body, header_length)
             except (NaiadError, HttpError):
                 # An unknown model is a 404 whatever the body holds; asked only when the body fails,
                 # so that a request that decodes looks its model up once (in infer or resolve).

@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.http.binary_memo import BinaryHeaderMemo
 from naiad.frontends.http.body import (
     Receive,
     RequestHeaders,
@@ -48,6 +49,7 @@ class WorkerApp:
         self.config = config
         self.core = core
         self.forward_headers = header_forwarder(config.http_header_forward_pattern)
+        self.binary_memo = BinaryHeaderMemo()
         # the HTTP port's fast-route memo: each infer path is matched once (the pattern costs ~2k
         # instructions a request), within the same bounds as the core's own port
         self._fast = FastRoutes((FastRoute("/infer", INFER_PATH, self._infer, lambda match: (match.group(1), match.group(2) or "")),))
@@ -130,7 +132,10 @@ class WorkerApp:
             header_length = parse_header_length(headers.infer_header_length, len(plain))
             if header_length == 0:
                 raise _CoreOnly("a raw binary body is shaped by the model config")
-            request, plan = decode_infer_request(model, version, plain, header_length)
+            if header_length is None:
+                request, plan = decode_infer_request(model, version, plain, None)
+            else:
+                request, plan = self.binary_memo.decode(model, version, plain, header_length)
         except (NaiadError, HttpError, _CoreOnly):
             # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
             await self._relay_watched(scope, receive, body, send)
