@@ -15,6 +15,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 JSON = b"application/json"
 JSON_HEAD_LINES = b"content-type: application/json\r\n"  # the plain JSON answer's header lines, written once
+BINARY_HEAD_LINES = b"content-type: application/octet-stream\r\ninference-header-content-length: %d\r\n"  # % JSON length
 TEXT = b"text/plain"
 OCTET_STREAM = b"application/octet-stream"
 
@@ -74,6 +75,9 @@ def send_infer_answer(
         if send_response is not None and accept_encoding is None and send_response(send, 200, JSON_HEAD_LINES, payload):
             return None  # the usual answer: plain JSON, uncompressed
         headers = [(b"content-type", JSON)]
+    elif send_response is not None and accept_encoding is None and send_response(
+            send, 200, BINARY_HEAD_LINES % json_length, payload):
+        return None  # binary tensors, uncompressed: the same lines as below, in one format
     else:
         headers = [(b"content-type", OCTET_STREAM), (b"inference-header-content-length", b"%d" % json_length)]
     if accept_encoding is not None:
