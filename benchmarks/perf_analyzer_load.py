@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -75,10 +76,23 @@ def command(binary: str, protocol: str, port: int, model: str, concurrency: int,
     return ["taskset", "-c", core, *cmd] if core is not None else cmd
 
 
-def _last_words(done: subprocess.CompletedProcess) -> str:
+def _last_words(stdout: str, stderr: str) -> str:
     """Why it failed: its last error lines, else the end of its report."""
-    lines = [line.strip() for line in (done.stderr.strip() or done.stdout).splitlines() if line.strip()]
+    lines = [line.strip() for line in (stderr.strip() or stdout).splitlines() if line.strip()]
     return " | ".join(lines[-2:])[-300:] or "no output"
+
+
+def _run(cmd: list[str], timeout: float) -> tuple[int, str, str]:
+    """Run in its own process group, so that a timeout also ends a binary started by a wrapper script
+    (the wheel's `perf_analyzer` command is a Python wrapper around the bundled binary)."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, stdout, stderr
 
 
 def run_perf_analyzer(binary: str, protocol: str, port: int, model: str, concurrency: int, duration: float,
@@ -87,18 +101,19 @@ def run_perf_analyzer(binary: str, protocol: str, port: int, model: str, concurr
     """One cell in load.py's LoadResult fields, "client": "perf_analyzer", and "error" when it failed."""
     cmd = command(binary, protocol, port, model, concurrency, duration, stability, max_trials, core)
     base = {"protocol": protocol, "model": model, "concurrency": concurrency, "client": "perf_analyzer"}
-    try:  # at most max_trials windows, plus start-up and the model's metadata and configuration
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=duration * (max_trials + 1) + 60)
+    timeout = duration * (max_trials + 1) + 60  # max_trials windows, start-up, metadata and configuration
+    try:
+        status, stdout, stderr = _run(cmd, timeout)
     except subprocess.TimeoutExpired:
-        return {**base, "error": f"perf_analyzer did not finish within {duration * (max_trials + 1) + 60:.0f} s"}
+        return {**base, "error": f"perf_analyzer did not finish within {timeout:.0f} s"}
     except OSError as exc:
         return {**base, "error": f"perf_analyzer did not start: {exc}"}
-    if done.returncode != 0:
-        return {**base, "error": f"perf_analyzer exited {done.returncode}: {_last_words(done)}"}
-    try:
-        figures = parse_report(done.stdout)
+    if status != 0:
+        return {**base, "error": f"perf_analyzer exited {status}: {_last_words(stdout, stderr)}"}
+    try:  # the wheel's wrapper exits 0 whatever the binary did: no figures is the failure then
+        figures = parse_report(stdout)
     except ValueError as exc:
-        return {**base, "error": f"{exc}: {_last_words(done)}"}
+        return {**base, "error": f"{exc}: {_last_words(stdout, stderr)}"}
     return {**base, **figures, "errors": 0}
 
 

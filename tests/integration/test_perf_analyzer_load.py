@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,24 @@ def test_failed_runs_become_error_cells(tmp_path: Path) -> None:
     assert "no client section" in perf_analyzer_load.run_perf_analyzer(str(silent), "pa-http", 8000, "m", 1, 0.5)["error"]
     missing = perf_analyzer_load.run_perf_analyzer(str(tmp_path / "absent"), "pa-http", 8000, "m", 1, 0.5)
     assert "did not start" in missing["error"]
+
+
+def test_timeout_ends_the_binary_behind_a_wrapper(tmp_path: Path) -> None:
+    # The wheel's `perf_analyzer` is a wrapper that runs the binary as its child: a timeout must end the
+    # child too, not leave it loading the server orphaned.
+    wrapper = tmp_path / "wrapper"
+    wrapper.write_text(f'#!/bin/sh\nsh -c \'echo $$ > "{tmp_path}/child.pid"; exec sleep 60\'\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    started = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        perf_analyzer_load._run([str(wrapper)], timeout=1.0)
+    assert time.monotonic() - started < 30  # not the child's 60 s
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists() and \
+            Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or Path(f"/proc/{child}/stat").read_text().split()[2] == "Z"
 
 
 def test_matrix_finds_or_leaves_out_perf_analyzer(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
