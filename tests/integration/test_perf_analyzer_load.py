@@ -160,10 +160,15 @@ def _installed_perf_analyzer() -> str | None:
 def test_real_cell_against_naiad(tmp_path: Path) -> None:
     matrix = matrix_models.build(tmp_path, ["add_sub"], ["batched"])
     args = argparse.Namespace(perf_analyzer=_installed_perf_analyzer(), duration=1.0, warmup=0.0, client_core=None,
-                              perf_analyzer_stability=50.0, perf_analyzer_max_trials=6)
+                              perf_analyzer_stability=50.0, perf_analyzer_max_trials=6, models=["add_sub"],
+                              variants=["batched"], protocols=["pa-http"], concurrency=[2], rounds=1)
+    report: dict = {"machine": "m", "command": "c", "cells": {}, "check_failures": {},
+                    "config": {**{k: getattr(args, k) for k in ("models", "variants", "protocols", "concurrency",
+                                                                "rounds", "duration")}, "servers": ["naiad"]}}
     with start_server(matrix.naiad_repo) as naiad:
         server = procs.RunningServer("naiad", naiad.process, naiad.http_port, naiad.grpc_port, tmp_path / "log")
-        cell = matrix_bench.measure(server, "add_sub_batched", "pa-http", 2, matrix, args)
+        matrix_bench.run_matrix({"naiad": server}, matrix, args, report)
+        [cell] = report["cells"]["naiad|add_sub|batched|pa-http|2"]
         assert "error" not in cell, cell["error"]
         assert cell["client"] == "perf_analyzer" and cell["infer_per_sec"] > 0 and cell["completed"] > 0
         assert 0 < cell["p50_ms"] <= cell["p99_ms"]
@@ -172,3 +177,5 @@ def test_real_cell_against_naiad(tmp_path: Path) -> None:
         assert cell["served_requests"] >= 0.9 * cell["completed"] and cell["server_cpu_us_per_req"] > 0
         assert cell["formed_batch"] >= 1.0
         load.check_once("http-binary", "127.0.0.1", naiad.http_port, matrix.workloads["add_sub_batched"])
+    row = next(line for line in matrix_bench.tables(report, "median").splitlines() if "| pa-http |" in line)
+    assert row.startswith("| add_sub | batched | pa-http | 2 | ") and "(" in row
