@@ -339,7 +339,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "through perf_analyzer (default: all, the pa-* ones when perf_analyzer is found)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
-    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell (default 5)")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell; for perf_analyzer, its measurement window (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell (default 1)")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of the whole matrix (default 3)")
     parser.add_argument("--pick", choices=("median", "best"), default="median",
