@@ -6,7 +6,9 @@
 
 Models (benchmarks/matrix_models.py): add_sub FP32[16] as a Python model, add_sub as ONNX (Naiad only),
 the 256-512-512-10 ONNX MLP, XGBoost 100 trees; each plain and with dynamic batching (500 us queue delay).
-Protocols: http-json through `wrk` (wrk_load.py), http-binary and grpc through load.py's closed loop.
+Protocols: http-json through `wrk` (wrk_load.py), http-binary and grpc through load.py's closed loop,
+pa-http and pa-grpc through Triton's perf_analyzer (perf_analyzer_load.py; left out of the default
+protocols, with a note, when perf_analyzer is not installed).
 Concurrency 1, 8, 32. Every server runs under `taskset -c <server core>` (its children too: Python
 stubs and workers), the load generator under `taskset -c <client core>`. All servers are started first
 and take turns cell by cell, the order rotating each round, so background noise hits them alike.
@@ -36,14 +38,20 @@ sys.path.insert(0, str(HERE))
 
 import load  # noqa: E402  (benchmarks/ is not a package)
 import matrix_models  # noqa: E402
+import perf_analyzer_load  # noqa: E402
 import servers as procs  # noqa: E402
 from batching_bench import model_counts  # noqa: E402
 from matrix_models import MODELS, SERVERS, VARIANTS, served_name  # noqa: E402
 from run_onnx_bench import run_load  # noqa: E402
 from wrk_load import run_wrk  # noqa: E402
 
-PROTOCOLS = ("http-json", "http-binary", "grpc")
-UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST"}
+PROTOCOLS = ("http-json", "http-binary", "grpc", *perf_analyzer_load.PROTOCOLS)
+_NO_MODEL_CONFIG = "perf_analyzer reads the model configuration (a Triton extension) that {} does not serve"
+UNSUPPORTED = {("mlserver", "http-binary"): "MLServer has no binary tensor extension on REST",
+               **{(peer, protocol): _NO_MODEL_CONFIG.format(label)
+                  for peer, label in (("mlserver", "MLServer"), ("kserve", "KServe"))
+                  for protocol in perf_analyzer_load.PROTOCOLS}}
+CHECKED_AS = {"pa-http": "http-binary", "pa-grpc": "grpc"}  # perf_analyzer's HTTP sends binary tensors
 NAMES = {"naiad": "Naiad", "baseline": "Naiad baseline", "triton": "Triton", "mlserver": "MLServer", "kserve": "KServe"}
 WITH_STATISTICS = ("naiad", "baseline", "triton")  # servers with the statistics extension (formed batch sizes)
 
@@ -112,9 +120,10 @@ def check_answers(running: dict[str, procs.RunningServer], matrix: matrix_models
             for protocol in args.protocols:
                 if (name, protocol) in UNSUPPORTED:
                     continue
-                port = server.grpc_port if protocol == "grpc" else server.http_port
+                checked = CHECKED_AS.get(protocol, protocol)
+                port = server.grpc_port if checked == "grpc" else server.http_port
                 try:
-                    load.check_once(protocol, "127.0.0.1", port, matrix.workloads[model])
+                    load.check_once(checked, "127.0.0.1", port, matrix.workloads[model])
                 except Exception as exc:
                     failures[f"{name}/{model}/{protocol}"] = f"{type(exc).__name__}: {str(exc)[:300]}"
                     procs.log(f"check failed: {name} {model} {protocol}: {exc}")
@@ -133,11 +142,18 @@ def _counts(server: procs.RunningServer, model: str) -> tuple[int, int, dict[int
 
 def measure(server: procs.RunningServer, model: str, protocol: str, concurrency: int,
             matrix: matrix_models.Matrix, args) -> dict:
-    counts = server.name in WITH_STATISTICS and model.endswith("_batched")
+    batched = model.endswith("_batched")
+    pa = protocol in perf_analyzer_load.PROTOCOLS
+    counts = server.name in WITH_STATISTICS and (batched or pa)
     before = _counts(server, model) if counts else None
     cpu_before = procs.tree_cpu_seconds(server.proc.pid)
     started = time.perf_counter()
-    if protocol == "http-json":
+    if pa:
+        port = server.grpc_port if protocol == "pa-grpc" else server.http_port
+        cell = perf_analyzer_load.run_perf_analyzer(args.perf_analyzer, protocol, port, model, concurrency,
+                                                    args.duration, args.client_core, args.perf_analyzer_stability,
+                                                    args.perf_analyzer_max_trials)
+    elif protocol == "http-json":
         try:
             cell = run_wrk(server.http_port, model, concurrency, args.duration, args.warmup, args.client_core)
         except (RuntimeError, OSError) as exc:
@@ -148,15 +164,24 @@ def measure(server: procs.RunningServer, model: str, protocol: str, concurrency:
                         grpc_client=args.grpc_client)
         cell["client"] = "load.py"
     elapsed = time.perf_counter() - started
-    rate = cell.get("infer_per_sec") or 0.0
-    if rate:  # warm-up requests are counted at the measured rate
-        cell["server_cpu_us_per_req"] = (procs.tree_cpu_seconds(server.proc.pid) - cpu_before) / (
-            rate * (args.duration + args.warmup)) * 1e6
-    cell["elapsed_s"] = elapsed
+    cpu = procs.tree_cpu_seconds(server.proc.pid) - cpu_before
     after = _counts(server, model) if before is not None else None
-    if before is not None and after is not None:  # warm-up included: the batcher's habit, not a per-window figure
+    served = after[0] - before[0] if before is not None and after is not None else 0
+    rate = cell.get("infer_per_sec") or 0.0
+    if pa and served:
+        # perf_analyzer measures until its windows agree, so its run is longer than --duration by a
+        # varying amount: divide by every request the server counted over the whole run instead.
+        cell["server_cpu_us_per_req"] = cpu / served * 1e6
+        cell["served_requests"] = served
+    elif rate:  # warm-up requests are counted at the measured rate
+        # (perf_analyzer without statistics: its whole run at the reported rate, start-up included,
+        # so the figure comes out a little low)
+        seconds = elapsed if pa else args.duration + args.warmup
+        cell["server_cpu_us_per_req"] = cpu / (rate * seconds) * 1e6
+    cell["elapsed_s"] = elapsed
+    if batched and before is not None and after is not None:  # warm-up included: the batcher's habit
         executions = after[1] - before[1]
-        cell["formed_batch"] = (after[0] - before[0]) / executions if executions else 0.0
+        cell["formed_batch"] = served / executions if executions else 0.0
     return cell
 
 
@@ -177,6 +202,9 @@ def generator_ceiling(work: Path, args) -> dict:
     try:
         ports = procs.wait_until(ready, "trivial server", proc, out_path, 30)
         for protocol in args.protocols:
+            if protocol in perf_analyzer_load.PROTOCOLS:  # needs metadata, configuration and statistics
+                procs.log(f"generator ceiling {protocol}: not measured (trivial_server.py serves no model configuration)")
+                continue
             for c in sorted({min(args.concurrency), max(args.concurrency)}):
                 if protocol == "http-json":
                     cell = run_wrk(ports["http_port"], "add_sub", c, args.duration, args.warmup, args.client_core)
@@ -270,6 +298,9 @@ def tables(report: dict, how: str) -> str:
            f"n/a = protocol not offered; '-' = model not served or not measured.", ""] + lines
     if total:
         out += ["", f"Naiad/Triton >= 1.00 in {wins} of {total} cells."]
+    not_offered = [f"- {NAMES[s]} {p}: {why}" for (s, p), why in UNSUPPORTED.items() if s in servers and p in cfg["protocols"]]
+    if not_offered:
+        out += ["", "n/a:"] + not_offered
     cpu = [(k, pick(v, how)) for k, v in report["cells"].items()]
     cpu_lines = [f"| {k.replace('|', ' | ')} | {c['server_cpu_us_per_req']:.0f} | "
                  + (f"{c['formed_batch']:.1f} |" if "formed_batch" in c else "|")
@@ -303,11 +334,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS),
                         help="plain and/or batched (dynamic_batching, 500 us queue delay)")
-    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS, default=list(PROTOCOLS),
-                        help="http-json runs through wrk; http-binary and grpc through load.py")
+    parser.add_argument("--protocols", nargs="+", choices=PROTOCOLS,
+                        help="http-json runs through wrk; http-binary and grpc through load.py; pa-http and pa-grpc "
+                             "through perf_analyzer (default: all, the pa-* ones when perf_analyzer is found)")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--servers", nargs="+", choices=SERVERS, default=list(SERVERS))
-    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell (default 5)")
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per cell; for perf_analyzer, its measurement window (default 5)")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each cell (default 1)")
     parser.add_argument("--rounds", type=int, default=3, help="repeats of the whole matrix (default 3)")
     parser.add_argument("--pick", choices=("median", "best"), default="median",
@@ -327,6 +359,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--baseline-src", type=Path, metavar="CHECKOUT",
                         help="also serve Naiad from this other checkout (e.g. a `git worktree` of the commit before a "
                              "change), measured in the same rounds and reported as Naiad/Naiad baseline")
+    parser.add_argument("--perf-analyzer", default=os.environ.get("PERF_ANALYZER", "perf_analyzer"), metavar="PATH",
+                        help="perf_analyzer binary for pa-http/pa-grpc (default: $PERF_ANALYZER, else found on PATH)")
+    parser.add_argument("--perf-analyzer-stability", type=float, default=perf_analyzer_load.DEFAULT_STABILITY,
+                        metavar="PERCENT", help="perf_analyzer -s: how far its last 3 windows may differ (default 10)")
+    parser.add_argument("--perf-analyzer-max-trials", type=int, default=perf_analyzer_load.DEFAULT_MAX_TRIALS,
+                        metavar="N", help="perf_analyzer --max-trials: windows before a cell fails as unstable "
+                                          f"(default {perf_analyzer_load.DEFAULT_MAX_TRIALS})")
     parser.add_argument("--output", type=Path, help="raw JSON (default benchmarks/results/<UTC time>-matrix.json)")
     parser.add_argument("--report", type=Path, metavar="JSON", help="print the tables of an earlier --output and exit")
     parser.add_argument("--keep-workdir", action="store_true", help="keep repositories and server logs")
@@ -339,6 +378,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds, --duration and --concurrency must be positive")
     if args.venvs is None and {"mlserver", "kserve"} & set(args.servers) and not args.report:
         parser.error("MLServer/KServe need --venvs or NAIAD_BENCH_VENVS (the root given to setup_peers.sh)")
+    asked = args.protocols is not None
+    if not asked:
+        args.protocols = list(PROTOCOLS)
+    pa = [p for p in args.protocols if p in perf_analyzer_load.PROTOCOLS]
+    if pa and not args.report:
+        binary = perf_analyzer_load.find_binary(args.perf_analyzer)
+        if binary is not None:
+            args.perf_analyzer = binary
+        elif asked:
+            parser.error(f"{' and '.join(pa)} need perf_analyzer, not found at {args.perf_analyzer!r}: "
+                         f"{perf_analyzer_load.INSTALL_HINT}")
+        else:
+            procs.log(f"perf_analyzer not found at {args.perf_analyzer!r}: {' and '.join(pa)} left out "
+                      f"({perf_analyzer_load.INSTALL_HINT})")
+            args.protocols = [p for p in args.protocols if p not in pa]
     if args.baseline_src is not None:
         if not (args.baseline_src / "src" / "naiad").is_dir():
             parser.error(f"--baseline-src: no src/naiad in {args.baseline_src}")
@@ -362,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (None if args.check_only else HERE / "results" / f"{when:%Y-%m-%d-%H%M}-matrix.json")
     config = {k: getattr(args, k) for k in ("servers", "models", "variants", "protocols", "concurrency", "rounds",
                                              "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl",
-                                             "naiad_frontend_processes",
-                                             "grpc_client")}
+                                             "naiad_frontend_processes", "grpc_client",
+                                             "perf_analyzer_stability", "perf_analyzer_max_trials")}
     report: dict = {"when": when.isoformat(timespec="seconds"), "machine": procs.machine_line(),
                     "command": " ".join(["benchmarks/matrix_bench.py", *sys.argv[1:]]), "config": config,
                     "cells": {}, "start_failures": {}, "check_failures": {}, "complete": False}
