@@ -29,7 +29,7 @@ PROTOCOLS = {"pa-http": "http", "pa-grpc": "grpc"}  # matrix protocol -> perf_an
 INSTALL_HINT = ("pip install perf-analyzer (its binary needs glibc >= 2.38), "
                 "or name the binary with --perf-analyzer PATH or $PERF_ANALYZER")
 DEFAULT_STABILITY = 10.0  # perf_analyzer's own default (percent)
-DEFAULT_MAX_TRIALS = 6  # perf_analyzer's default is 10; fewer bounds a cell at 6 windows
+DEFAULT_MAX_TRIALS = 10  # perf_analyzer's own default: a cell fails to settle where a plain perf_analyzer run would
 
 _NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
 _FIELDS = {  # cell key -> (pattern in the "Client:" section, factor to the cell's unit)
