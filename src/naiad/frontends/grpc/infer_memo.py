@@ -24,29 +24,19 @@ from tritonclient.grpc import service_pb2 as pb
 from naiad.frontends.grpc.infer_codec import decode_infer_request, encode_infer_response, raw_bytes
 from naiad.frontends.grpc.params import NO_EFFECT_ON_UNARY
 from naiad.protocol.datatypes import WIRE_DTYPES
+from naiad.protocol.memo_layout import MAX_KEY, MEMO_LIMIT, RawInput
 from naiad.protocol.types import InferenceRequest, InferenceResponse, InferInput, RequestedOutput
 
-MEMO_LIMIT = 64       # layouts kept (the memo starts afresh when full)
-MAX_KEY = 4096        # larger messages (long ids, many tensors) are not remembered
 FIELD_HEADS_LIMIT = 1024  # output sizes whose field heads are kept
 _RAW_INPUT_TAG = b"\x3a"   # ModelInferRequest.raw_input_contents: field 7, length-delimited
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents: field 6, length-delimited
 
 
 @dataclass(frozen=True, slots=True)
-class _Input:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    dtype: np.dtype
-
-
-@dataclass(frozen=True, slots=True)
 class _Layout:
     model_name: str
     model_version: str
-    inputs: tuple[_Input, ...]
+    inputs: tuple[RawInput, ...]
     outputs: tuple[str, ...]
 
 
@@ -56,7 +46,7 @@ class _Serialized:
     field head, where that head is and where its bytes start and end (the message's length is fixed)."""
 
     prefix: bytes
-    tensors: tuple[tuple[bytes, int, int, int, _Input], ...]
+    tensors: tuple[tuple[bytes, int, int, int, RawInput], ...]
     layout: _Layout
 
 
@@ -73,7 +63,7 @@ def _layout_of(request: pb.ModelInferRequest, buffers: list[bytes], decoded: Inf
         if (tensor.parameters or tensor.shared_memory is not None or data is None or wire is None
                 or not wire.isnative):  # BYTES, or a big-endian host (arrays are converted copies there)
             return None
-        inputs.append(_Input(tensor.name, tensor.datatype, tensor.shape, data.nbytes, wire))
+        inputs.append(RawInput(tensor.name, tensor.datatype, tensor.shape, data.nbytes, wire))
     for output in decoded.outputs:
         if output.parameters or output.classification or output.shared_memory is not None:
             return None

@@ -20,27 +20,17 @@ import orjson
 
 from naiad.frontends.http.infer_codec import OutputPlan, decode_infer_request
 from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
+from naiad.protocol.memo_layout import MAX_KEY, MEMO_LIMIT, RawInput
 from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
 
-MEMO_LIMIT = 64   # layouts kept (the memo starts afresh when full)
-MAX_KEY = 4096    # longer headers (long ids, many tensors) are not remembered
 _INPUT_KEYS = frozenset(("name", "datatype", "shape", "parameters"))
 _OUTPUT_KEYS = frozenset(("name", "parameters"))
 
 
 @dataclass(frozen=True, slots=True)
-class _Input:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]
-    nbytes: int
-    dtype: np.dtype
-
-
-@dataclass(frozen=True, slots=True)
 class _Layout:
     request_id: str
-    inputs: tuple[_Input, ...]
+    inputs: tuple[RawInput, ...]
     outputs: tuple[str, ...]
     plan: OutputPlan  # shared by the requests of the layout: nothing writes a plan once decoded
     nbytes: int       # of all the binary tensors
@@ -92,7 +82,7 @@ def _layout_of(header: bytes, request: InferenceRequest, plan: OutputPlan) -> _L
         dtype = NUMPY_DTYPES[decoded.datatype]
         if WIRE_DTYPES[decoded.datatype] is not dtype:  # a big-endian host: the decode converts them
             return None
-        inputs.append(_Input(decoded.name, decoded.datatype, decoded.shape, data.nbytes, dtype))
+        inputs.append(RawInput(decoded.name, decoded.datatype, decoded.shape, data.nbytes, dtype))
         nbytes += data.nbytes
     outputs = []
     for raw, wanted in zip(doc.get("outputs") or (), request.outputs):
