@@ -50,6 +50,27 @@ def test_a_new_model_starts_on_its_threads_and_goes_inline_once_measured_cheap()
     assert not policy.inline()
 
 
+def test_a_model_about_the_threshold_stays_where_it_runs_until_its_average_leaves_the_band() -> None:
+    """Inline, a model leaves the loop only past 1.5x the threshold; on its threads, it comes back only
+    under the threshold: executions averaging between the two do not flap between loop and threads."""
+    threshold = 100_000
+    inline = InlinePolicy(InlineSettings(threshold_ns=threshold))
+    _settle_inline(inline)
+    assert inline.inline()
+    for _ in range(60):
+        inline.observe_inline(int(threshold * 1.3), 0)
+        assert inline.inline()  # 1.3x: still inline
+    for _ in range(60):
+        inline.observe_inline(int(threshold * 1.6), 0)
+    assert not inline.inline()  # past 1.5x: on its threads
+    for _ in range(60):
+        inline.observe_thread(int(threshold * 1.3))
+        assert not inline.inline()  # 1.3x measured on the threads: stays there
+    for _ in range(60):
+        inline.observe_thread(int(threshold * 0.8))
+    assert inline.inline()
+
+
 def test_an_inline_execution_over_the_cap_suspends_inline_execution_doubling_each_time() -> None:
     clock = FakeClock()
     policy = InlinePolicy(InlineSettings(threshold_ns=100_000, cap_ns=5 * MS), "m", clock)
