@@ -37,12 +37,14 @@ class _Layout:
 
 
 class BinaryHeaderMemo:
-    """decode_infer_request for bodies with a JSON header, with the memo described above."""
+    """decode_infer_request, with the memo described above for bodies with a JSON header."""
 
     def __init__(self) -> None:
         self._memo: dict[tuple[str, str, bytes], _Layout] = {}
 
-    def decode(self, model: str, version: str, body: bytes, header_length: int) -> tuple[InferenceRequest, OutputPlan]:
+    def decode(self, model: str, version: str, body: bytes, header_length: int | None) -> tuple[InferenceRequest, OutputPlan]:
+        if header_length is None:  # all JSON: nothing to remember
+            return decode_infer_request(model, version, body, None)
         key = (model, version, body[:header_length])
         layout = self._memo.get(key)
         if layout is not None and len(body) - header_length == layout.nbytes:

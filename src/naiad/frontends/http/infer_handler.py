@@ -102,8 +102,6 @@ class InferHandler:
                 if header_length == 0:  # a raw binary body: the model's config shapes its one input
                     resolved = await self.inference.resolve(model, version)
                     request, plan = decode_raw_request(resolved, model, version, body), OutputPlan(default_binary=True)
-                elif header_length is None:
-                    request, plan = decode_infer_request(model, version, body, None)
                 else:
                     request, plan = self.binary_memo.decode(model, version, body, header_length)
             except (NaiadError, HttpError):

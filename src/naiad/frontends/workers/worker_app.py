@@ -25,7 +25,7 @@ from naiad.frontends.http.body import (
 )
 from naiad.frontends.http.disconnect import DisconnectWatch, until_disconnect
 from naiad.frontends.http.errors import ClientDisconnected, HttpError, status_and_message
-from naiad.frontends.http.infer_codec import decode_infer_request, encode_infer_response, parse_header_length
+from naiad.frontends.http.infer_codec import encode_infer_response, parse_header_length
 from naiad.frontends.http.infer_handler import DECOUPLED_MESSAGE
 from naiad.frontends.http.responses import Send, send_error, send_infer_answer
 from naiad.frontends.http.routes import INFER_PATH, FastRoute, FastRoutes
@@ -132,10 +132,7 @@ class WorkerApp:
             header_length = parse_header_length(headers.infer_header_length, len(plain))
             if header_length == 0:
                 raise _CoreOnly("a raw binary body is shaped by the model config")
-            if header_length is None:
-                request, plan = decode_infer_request(model, version, plain, None)
-            else:
-                request, plan = self.binary_memo.decode(model, version, plain, header_length)
+            request, plan = self.binary_memo.decode(model, version, plain, header_length)
         except (NaiadError, HttpError, _CoreOnly):
             # the core answers it, in the single server's order (an unknown model is a 404 whatever the body)
             await self._relay_watched(scope, receive, body, send)
