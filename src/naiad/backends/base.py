@@ -172,6 +172,12 @@ class Instance(Protocol):
         """Executions handed over ahead that have not started yet (a worker's pipeline); 0 for most."""
         ...
 
+    def takes_at_once(self) -> int:
+        """Executions the instance would take now, one after another, without any waiting for room: more
+        than 1 only for a worker with room in its pipeline. The pool hands the instance to that many
+        waiting callers in one go (see InstancePool.release); 1 for most."""
+        ...
+
     def restarts(self) -> int:
         """How many times the instance lost all it held because its worker process died (and was replaced).
 
@@ -244,6 +250,9 @@ class InProcessRequestInstance:
 
     def queued(self) -> int:
         return 0
+
+    def takes_at_once(self) -> int:
+        return 1
 
     def restarts(self) -> int:
         return 0

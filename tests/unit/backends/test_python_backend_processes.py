@@ -236,9 +236,10 @@ def test_pipeline_depth_follows_execution_time_and_statistics_stay_the_workers(t
         assert server.models.lookup("pids").scheduler.pending() == 0
 
 
-def test_pipeline_depth_fits_about_a_millisecond_of_work_between_two_and_eight():
-    assert pipeline_depth(0) == 8 and pipeline_depth(30_000) == 8  # add_sub-sized executes
-    assert pipeline_depth(200_000) == 5
+def test_pipeline_depth_fits_about_a_millisecond_of_work_between_two_and_thirty_two():
+    # add_sub-sized executes: as deep as a c=32 load needs, so that no request waits for the instance
+    assert pipeline_depth(0) == 32 and pipeline_depth(30_000) == 32
+    assert pipeline_depth(50_000) == 20 and pipeline_depth(200_000) == 5
     assert pipeline_depth(500_000) == 2 and pipeline_depth(20_000_000) == 2  # long ones: one running, one queued
 
 
@@ -304,3 +305,31 @@ def test_a_lone_worker_holds_at_most_its_pipeline_depth_and_the_rest_is_pending(
         assert len(instance._serving._batches) == 2  # the third request never reached the worker yet
         assert all(int(f.result(30).output("PID").data[0]) == worker for f in [first, *later])
         assert model.scheduler.pending() == 0 and len(instance._serving._batches) == 0
+
+
+def test_requests_sent_to_a_worker_in_one_turn_of_the_loop_go_in_one_write(tmp_path, prefix):
+    """Each write to a worker waiting on its pipe wakes it: the messages of one turn go out together, and
+    every request still gets its own answer."""
+    write_model(tmp_path, "identity", IDENTITY_CONFIG, IDENTITY_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        instance = server.models.lookup("identity").pool.instances[0]
+
+        async def one_turn() -> tuple[list[int], list[np.ndarray]]:
+            for i in range(20):  # the worker's execute times come back: the pipeline may grow past two
+                await _infer_async(server, "identity", {"X": np.full(4, i, np.float32)})
+            assert instance._depth >= 6
+            transport = instance._serving._transport
+            writes: list[int] = []
+            write = transport.write
+            transport.write = lambda data: (writes.append(len(data)), write(data))[1]
+            try:
+                answers = await asyncio.gather(
+                    *(_infer_async(server, "identity", {"X": np.full(4, i, np.float32)}) for i in range(6)))
+            finally:
+                del transport.write
+            return writes, [answer.output("Y").data for answer in answers]
+
+        writes, outputs = asyncio.run_coroutine_threadsafe(one_turn(), server._loop).result(30)
+        assert len(writes) == 1, f"six requests went in {len(writes)} writes"
+        for i, output in enumerate(outputs):
+            assert np.array_equal(output, np.full(4, i, np.float32))

@@ -58,6 +58,9 @@ class OwnTensorInstance:
     def queued(self) -> int:
         return 0
 
+    def takes_at_once(self) -> int:
+        return 1
+
     def restarts(self) -> int:
         return 0
 

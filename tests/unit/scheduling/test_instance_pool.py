@@ -104,3 +104,76 @@ def test_waiters_that_withdrew_leave_the_instances_to_anyone(kind: str) -> None:
         assert await asyncio.wait_for(served, 5) is first
 
     asyncio.run(body())
+
+
+class Pipelined(Inst):
+    """An instance that takes `room` executions at once (a Python model's worker with room in its pipeline)."""
+
+    def __init__(self, name: str, room: int) -> None:
+        super().__init__(name)
+        self.room = room
+
+    def takes_at_once(self) -> int:
+        return self.room
+
+
+def test_a_released_instance_goes_to_as_many_waiters_as_it_takes_at_once_and_is_idle_after_the_last() -> None:
+    async def body() -> None:
+        worker = Pipelined("m_0", room=3)
+        pool = InstancePool([worker])
+        assert pool.try_acquire() is worker
+        waiting = [asyncio.ensure_future(pool.acquire()) for _ in range(5)]
+        await _settle()
+        pool.release(worker)
+        await _settle()
+        # three waiters got it in one go (one hand-over, one turn of the loop), in the order they came
+        assert [w.done() for w in waiting] == [True, True, True, False, False]
+        assert all(w.result() is worker for w in waiting[:3])
+        pool.release(worker)
+        pool.release(worker)
+        await _settle()
+        assert not waiting[3].done(), "one holder still has it"
+        worker.room = 1
+        pool.release(worker)  # the last holder: the next waiter, alone now (the instance takes one)
+        assert await asyncio.wait_for(waiting[3], 5) is worker
+        await _settle()
+        assert not waiting[4].done()
+        pool.release(worker)
+        assert await asyncio.wait_for(waiting[4], 5) is worker
+        pool.release(worker)
+        assert pool.try_acquire() is worker  # idle again: nobody holds it
+
+    asyncio.run(body())
+
+
+def test_a_cancelled_caller_among_those_handed_the_instance_at_once_gives_back_only_its_share() -> None:
+    async def body() -> None:
+        worker = Pipelined("m_0", room=2)
+        pool = InstancePool([worker])
+        assert pool.try_acquire() is worker
+        kept, gone = asyncio.ensure_future(pool.acquire()), asyncio.ensure_future(pool.acquire())
+        await _settle()
+        pool.release(worker)  # both are handed it
+        gone.cancel()  # before its caller ran: acquire() gives its share back
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        assert await asyncio.wait_for(kept, 5) is worker
+        assert pool.try_acquire() is None, "the caller still running holds it"
+        pool.release(worker)
+        assert pool.try_acquire() is worker
+
+    asyncio.run(body())
+
+
+def test_an_instance_taking_one_at_a_time_goes_to_one_waiter_at_a_time() -> None:
+    async def body() -> None:
+        only = Inst("m_0")  # takes_at_once() == 1, as every instance but a pipelined worker
+        pool = InstancePool([only])
+        assert pool.try_acquire() is only
+        waiting = [asyncio.ensure_future(pool.acquire()) for _ in range(3)]
+        await _settle()
+        pool.release(only)
+        await _settle()
+        assert [w.done() for w in waiting] == [True, False, False]
+
+    asyncio.run(body())

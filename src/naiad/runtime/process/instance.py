@@ -42,7 +42,7 @@ MAX_RESTART_DELAY = 30.0
 # to PIPELINE_MAX_DEPTH for a model whose executions are short, so that the work handed over ahead
 # stays within about PIPELINE_BUDGET_NS (and a request waits little behind it).
 PIPELINE_DEPTH = 2
-PIPELINE_MAX_DEPTH = 8
+PIPELINE_MAX_DEPTH = 32
 PIPELINE_BUDGET_NS = 1_000_000
 
 
@@ -52,7 +52,7 @@ def _settle_with_none(future: asyncio.Future[Any], _: object) -> None:
 
 
 def pipeline_depth(average_execution_ns: float) -> int:
-    """Batches to hand a lone worker ahead: as many as fit in PIPELINE_BUDGET_NS, from 2 to 8."""
+    """Batches to hand a lone worker ahead: as many as fit in PIPELINE_BUDGET_NS, from 2 to 32."""
     affordable = int(PIPELINE_BUDGET_NS // max(average_execution_ns, 1.0))
     return max(PIPELINE_DEPTH, min(PIPELINE_MAX_DEPTH, affordable))
 
@@ -140,7 +140,7 @@ class ProcessInstance:
         self._pipelined = (source.config.WhichOneof("scheduling_choice") is None
                            and sum(max(g.count, 1) for g in source.config.instance_group) <= 1)
         self._pipeline: collections.deque[asyncio.Future[Any]] = collections.deque()
-        self._awaiting_room = 0  # batches waiting for room in the pipeline (at most one: it holds the instance)
+        self._awaiting_room = 0  # batches waiting for room in the pipeline (each holds the instance)
         self._execution_ns = 0.0  # moving average of the worker's execution time
         self._timed = False  # an execution time came back (until then the depth is PIPELINE_DEPTH)
         self._unstarted: list[tuple[Any, ...]] = []  # queued at a worker that died before running them
@@ -319,6 +319,13 @@ class ProcessInstance:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one),
         and one waiting for room to be handed over."""
         return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0) + self._awaiting_room
+
+    def takes_at_once(self) -> int:
+        """Under the default scheduler, the room left in the pipeline (at least 1); else 1."""
+        if not self._pipelined or self._awaiting_room:
+            return 1
+        unfinished = sum(1 for future in self._pipeline if not future.done())
+        return max(self._depth - unfinished, 1)
 
     def take_unfinished(self) -> asyncio.Future[Any] | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""

@@ -155,6 +155,7 @@ class WorkerSession:
         self._process: subprocess.Popen[bytes] | None = None
         self._reading: asyncio.ReadTransport | None = None
         self._transport: asyncio.WriteTransport | None = None  # sends to the worker
+        self._outgoing: list[bytes] = []  # messages sent during this turn of the loop, written at its end
         self._started: asyncio.Future[Any] | None = None
         self._exited = asyncio.Event()
         self.alive = False
@@ -302,7 +303,24 @@ class WorkerSession:
     def send(self, message: tuple[Any, ...]) -> None:
         if self._transport is None or self._transport.is_closing():
             raise internal(f"Stub process '{self.name}' is not healthy.")
-        self._transport.write(encode(message))
+        self._write(encode(message))
+
+    def _write(self, data: bytes) -> None:
+        """Queue one encoded message: those of one turn of the loop go out in one write, at its end.
+
+        Each write to a worker blocked reading its pipe wakes it, and that wake-up was the largest kernel
+        cost of a request in the server process (unpinned, wrk at c=32, perf: ~11% of its time); the
+        worker reads every message a write brought at once."""
+        outgoing = self._outgoing
+        if not outgoing:
+            self._loop.call_soon(self._flush)
+        outgoing.append(data)
+
+    def _flush(self) -> None:
+        messages, self._outgoing = self._outgoing, []
+        transport = self._transport
+        if transport is not None and not transport.is_closing():  # else on_lost fails their batches
+            transport.write(messages[0] if len(messages) == 1 else b"".join(messages))
 
     def release_peer(self, name: str) -> None:
         """Hand a worker block back (its data was copied out); batched, see schedule_releases."""
@@ -375,7 +393,7 @@ class WorkerSession:
                 raise
         future = self._loop.create_future()
         self._batches[batch_id] = _Batch(requests, respond, block, future)
-        transport.write(data)
+        self._write(data)
         return future
 
     def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
