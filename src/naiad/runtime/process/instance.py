@@ -317,7 +317,7 @@ class ProcessInstance:
 
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one),
-        and one waiting for room to be handed over."""
+        and those waiting for room to be handed over."""
         return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0) + self._awaiting_room
 
     def takes_at_once(self) -> int:
