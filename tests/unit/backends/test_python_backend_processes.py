@@ -333,3 +333,34 @@ def test_requests_sent_to_a_worker_in_one_turn_of_the_loop_go_in_one_write(tmp_p
         assert len(writes) == 1, f"six requests went in {len(writes)} writes"
         for i, output in enumerate(outputs):
             assert np.array_equal(output, np.full(4, i, np.float32))
+
+
+def test_more_clients_than_the_pipeline_holds_are_all_answered_and_leave_the_instance_idle(tmp_path, prefix):
+    """96 requests at once to one fast worker: the pipeline takes what fits, the rest wait for the
+    instance and are handed it several at a time; each gets its own answer, nothing stays pending, and
+    the instance is idle afterwards."""
+    write_model(tmp_path, "identity", IDENTITY_CONFIG, IDENTITY_PY)
+    with Server(model_repository=str(tmp_path), backend_config={"python": {"shm-region-prefix-name": prefix}}) as server:
+        model = server.models.lookup("identity")
+        instance = model.pool.instances[0]
+
+        async def burst() -> list[np.ndarray]:
+            for i in range(20):
+                await _infer_async(server, "identity", {"X": np.full(2, i, np.float32)})
+            answers = await asyncio.gather(
+                *(_infer_async(server, "identity", {"X": np.full(2, i, np.float32)}) for i in range(96)))
+            return [answer.output("Y").data for answer in answers]
+
+        outputs = asyncio.run_coroutine_threadsafe(burst(), server._loop).result(60)
+        assert all(np.array_equal(output, np.full(2, i, np.float32)) for i, output in enumerate(outputs))
+
+        async def idle() -> bool:
+            acquired = model.pool.try_acquire()
+            if acquired is not None:
+                model.pool.release(acquired)
+            return acquired is instance
+
+        assert model.scheduler.pending() == 0 and model.pool._shared == {}
+        assert asyncio.run_coroutine_threadsafe(idle(), server._loop).result(10)
+        stats = server.model_statistics("identity")["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 116
