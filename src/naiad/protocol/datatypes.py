@@ -34,6 +34,10 @@ WIRE_DTYPES: dict[str, np.dtype] = {
     if name != "BYTES"
 }
 
+# Datatypes whose wire bytes are an array of the native dtype as they are (every one but BYTES on a
+# little-endian host): the binary header memo and the binary encoder's fast path.
+NATIVE_WIRE_DTYPES: dict[str, np.dtype] = {name: dt for name, dt in WIRE_DTYPES.items() if dt is NUMPY_DTYPES[name]}
+
 BYTE_SIZES: dict[str, int] = {name: dt.itemsize for name, dt in WIRE_DTYPES.items()}
 
 # config enum (TYPE_*) <-> protocol name

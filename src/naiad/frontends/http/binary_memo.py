@@ -19,7 +19,7 @@ import numpy as np
 import orjson
 
 from naiad.frontends.http.infer_codec import OutputPlan, decode_infer_request
-from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
+from naiad.protocol.datatypes import NATIVE_WIRE_DTYPES
 from naiad.protocol.memo_layout import MAX_KEY, MEMO_LIMIT, RawInput
 from naiad.protocol.types import InferenceRequest, InferInput, RequestedOutput
 
@@ -78,11 +78,10 @@ def _layout_of(header: bytes, request: InferenceRequest, plan: OutputPlan) -> _L
     for raw, decoded in zip(doc["inputs"], request.inputs):
         params = raw.get("parameters")
         data = decoded.data
+        # (no native wire dtype: BYTES, or any datatype on a big-endian host, where the decode converts)
+        dtype = NATIVE_WIRE_DTYPES.get(decoded.datatype)
         if (not raw.keys() <= _INPUT_KEYS or not isinstance(params, dict) or params.keys() != {"binary_data_size"}
-                or data is None or decoded.datatype == "BYTES"):
-            return None
-        dtype = NUMPY_DTYPES[decoded.datatype]
-        if WIRE_DTYPES[decoded.datatype] is not dtype:  # a big-endian host: the decode converts them
+                or data is None or dtype is None):
             return None
         inputs.append(RawInput(decoded.name, decoded.datatype, decoded.shape, data.nbytes, dtype))
         nbytes += data.nbytes

@@ -18,7 +18,7 @@ from naiad.frontends.http.infer_params import (
     remaining_parameters,
     shared_memory_ref,
 )
-from naiad.protocol.datatypes import NUMPY_DTYPES, WIRE_DTYPES
+from naiad.protocol.datatypes import NATIVE_WIRE_DTYPES, NUMPY_DTYPES
 from naiad.protocol.errors import invalid_arg
 from naiad.protocol.request_json import load_request_json
 from naiad.protocol.tensor_codec import (
@@ -44,9 +44,6 @@ _OUTPUT_CONSUMED = ("binary_data", "classification", *SHM_KEYS)
 _EMPTY = memoryview(b"")
 _NOT_NUMPY_JSON = ("BYTES", "FP16", "BF16")  # written element by element (array_to_json), or refused
 _NUMPY_JSON_FLOATS = ("FP32", "FP64")
-# Numeric datatypes whose arrays are their wire bytes as they are (the native dtype is the little-endian one)
-_WIRE_NUMERIC = {datatype: dtype for datatype, dtype in NUMPY_DTYPES.items()
-                 if datatype != "BYTES" and WIRE_DTYPES.get(datatype) is dtype}
 _NATIVE_FLOATS = frozenset((np.dtype(np.float32), np.dtype(np.float64)))  # in native byte order
 
 
@@ -287,7 +284,7 @@ def _encode_binary_outputs(response: InferenceResponse, plan: OutputPlan) -> tup
     for out in response.outputs:
         data = out.data
         if (data is None or out.parameters or type(out.shape) is not tuple or not binary.get(out.name, default_binary)
-                or data.dtype is not _WIRE_NUMERIC.get(out.datatype) or not data.flags.c_contiguous):
+                or data.dtype is not NATIVE_WIRE_DTYPES.get(out.datatype) or not data.flags.c_contiguous):
             return None
         outputs.append({"name": out.name, "datatype": out.datatype, "shape": out.shape,
                         "parameters": {"binary_data_size": data.nbytes}})
