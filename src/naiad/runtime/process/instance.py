@@ -318,14 +318,17 @@ class ProcessInstance:
     def queued(self) -> int:
         """Batches handed to the worker that it has not started yet (all but the oldest unfinished one),
         and those waiting for room to be handed over."""
-        return max(sum(1 for future in self._pipeline if not future.done()) - 1, 0) + self._awaiting_room
+        return max(self._unfinished_batches() - 1, 0) + self._awaiting_room
 
     def takes_at_once(self) -> int:
         """Under the default scheduler, the room left in the pipeline (at least 1); else 1."""
         if not self._pipelined or self._awaiting_room:
             return 1
-        unfinished = sum(1 for future in self._pipeline if not future.done())
-        return max(self._depth - unfinished, 1)
+        return max(self._depth - self._unfinished_batches(), 1)
+
+    def _unfinished_batches(self) -> int:
+        """Batches handed to the worker that it has not finished (finished ones stay until _settle)."""
+        return sum(1 for future in self._pipeline if not future.done())
 
     def take_unfinished(self) -> asyncio.Future[Any] | None:
         """After a cancelled execute_requests: the batch the worker still runs (None if none)."""
