@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 
 import numpy as np
@@ -158,4 +159,7 @@ def validate_request(
     else:
         output_names = list(model.outputs)
     future = (asyncio.get_running_loop() if loop is None else loop).create_future()
-    return WorkItem(inputs, output_names, batch_size, request, None, future)  # positional: a faster __init__
+    now = time.perf_counter_ns()
+    received = request.received_ns
+    enqueued = received if 0 < received <= now else now
+    return WorkItem(inputs, output_names, batch_size, request, None, future, enqueued)  # positional: a faster __init__

@@ -58,6 +58,9 @@ class InferenceRequest:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
+    # When a frontend process took the request in (time.perf_counter_ns; 0: this process did): its queue
+    # time, batching delay and request duration start there, as they would in a single-process server.
+    received_ns: int = 0
 
 
 @dataclass(slots=True)

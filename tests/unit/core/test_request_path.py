@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import numpy as np
 import pytest
 
 import naiad
-from naiad.core.request_validation import REMEMBERED_SHAPES
+from naiad.core.request_validation import REMEMBERED_SHAPES, validate_request
 from naiad.protocol.errors import ErrorCode, NaiadError
 from naiad.protocol.types import InferenceRequest, InferInput
 from tests.support.onnx_models import add_sub_model, identity_model
@@ -89,3 +90,31 @@ def test_remembered_shapes_are_bounded(server):
 
     assert _on_server(server, requests()) == list(range(1, REMEMBERED_SHAPES + 11))
     assert len(server.models.lookup("identity").accepted_shapes["INPUT0"]) == REMEMBERED_SHAPES
+
+
+def test_a_request_a_frontend_process_received_earlier_is_timed_from_then(server):
+    """A frontend worker's hand-over to the core is queue time: the work item starts when the worker had the
+    request (so a batching delay is not lengthened by it), never later than now, and a request made here
+    starts now."""
+    model = server.models.lookup("add_sub")
+
+    async def items() -> tuple[int, int, int, int, int]:
+        before = time.perf_counter_ns()
+        earlier = _add_sub()
+        earlier.received_ns = before - 5_000_000
+        future = _add_sub()
+        future.received_ns = before + 60_000_000_000  # not a time this clock has reached: ignored
+        here = validate_request(model, _add_sub()).enqueue_ns
+        return (before, validate_request(model, earlier).enqueue_ns, validate_request(model, future).enqueue_ns,
+                here, time.perf_counter_ns())
+
+    before, earlier, future, here, after = _on_server(server, items())
+    assert earlier == before - 5_000_000
+    assert before <= future <= after and before <= here <= after
+    # and the statistics count the request's whole time from then
+    stats = model.stats.as_dict()["inference_stats"]["success"]
+    request = _add_sub()
+    request.received_ns = time.perf_counter_ns() - 200_000_000
+    _on_server(server, server.infer_async(request))
+    grown = model.stats.as_dict()["inference_stats"]["success"]
+    assert grown["count"] == stats["count"] + 1 and grown["ns"] - stats["ns"] >= 200_000_000

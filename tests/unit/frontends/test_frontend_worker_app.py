@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import numpy as np
@@ -177,6 +178,8 @@ def test_a_client_gone_while_its_infer_waits_cancels_it_in_the_core() -> None:
             await asyncio.sleep(0)
         return silent.messages, len(core._results)
 
+    before = time.perf_counter_ns()
     messages, waiting = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert [m[0] for m in messages] == [wire.INFER, wire.CANCEL] and messages[1][1] == messages[0][1]
     assert waiting == 0  # nothing of the request stays behind in the worker
+    assert before <= messages[0][4] <= time.perf_counter_ns()  # when the worker had it: the core times it from then

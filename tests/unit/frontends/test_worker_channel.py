@@ -92,9 +92,9 @@ def test_plain_infers_and_results_arrive_as_the_tuples_a_pickle_gives_back() -> 
     odd, plain = wire_request(InferenceRequest("m", [InferInput("X", "FP32", odd_shape, ones)]))  # type: ignore[arg-type]
     assert plain
     # runs of one kind (one frame each: 1, 20 and 3 messages), broken by another kind or a pickled message
-    messages = [(wire.INFER, 1, request, "00-trace"), (wire.RESULT, 2, response), (wire.INFER, 3, odd, ""),
+    messages = [(wire.INFER, 1, request, "00-trace", 5), (wire.RESULT, 2, response), (wire.INFER, 3, odd, "", 6),
                 (wire.CANCEL, 4), (wire.RESULT, (1 << 70), response)]  # (an id past 64 bits: pickled)
-    messages += [(wire.RESULT, 10 + index, response) for index in range(20)] + [(wire.INFER, 40, request, "")] * 3
+    messages += [(wire.RESULT, 10 + index, response) for index in range(20)] + [(wire.INFER, 40, request, "", 7)] * 3
 
     async def scenario() -> list[object]:
         ours, theirs = socket.socketpair()
@@ -352,7 +352,7 @@ class _Inference:
 
 def test_an_inline_infer_is_answered_in_the_turn_that_read_it_and_a_waiting_one_stays_cancellable() -> None:
     def infer_message(request_id: int, model: str) -> tuple:
-        return (wire.INFER, request_id, request_to_wire(InferenceRequest(model, [], id=str(request_id))), "")
+        return (wire.INFER, request_id, request_to_wire(InferenceRequest(model, [], id=str(request_id))), "", 0)
 
     async def scenario() -> tuple[list[tuple], int, int, list[tuple], int]:
         inference = _Inference()
@@ -385,7 +385,7 @@ def test_a_released_infer_goes_on_in_the_callback_of_what_it_waited_on_with_no_t
     answer's own callback (a task would answer one turn of the loop later); a bare yield still gets a task."""
     def infer_message(request_id: int, parameters: dict) -> tuple:
         request = InferenceRequest("queued", [], id=str(request_id), parameters=parameters)
-        return (wire.INFER, request_id, request_to_wire(request), "")
+        return (wire.INFER, request_id, request_to_wire(request), "", 0)
 
     async def scenario() -> tuple[list[tuple], int, list[tuple], int]:
         inference = _Inference()
@@ -434,7 +434,7 @@ def test_an_infer_that_fails_after_it_waited_is_answered_with_its_error_in_a_cal
     task after a bare yield) goes back as the single server's: a NaiadError as it is, a bug as a 500."""
     def infer_message(request_id: int, parameters: dict) -> tuple:
         request = InferenceRequest("queued", [], id=str(request_id), parameters=parameters)
-        return (wire.INFER, request_id, request_to_wire(request), "")
+        return (wire.INFER, request_id, request_to_wire(request), "", 0)
 
     cases = {1: {"fail": "naiad"}, 2: {"fail": "naiad", "yield": True}, 3: {"fail": "bug"},
              4: {"fail": "bug", "yield": True}, 5: {"yield": True}}
@@ -469,7 +469,7 @@ def test_the_workers_traceparent_is_the_requests_own_when_the_core_propagates(mo
     parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
     def trace_message(request_id: int, traceparent: str) -> tuple:
-        return (wire.INFER, request_id, request_to_wire(InferenceRequest("trace", [])), traceparent)
+        return (wire.INFER, request_id, request_to_wire(InferenceRequest("trace", [])), traceparent, 0)
 
     async def scenario() -> list[tuple]:
         dispatcher = Dispatcher(_Inference(), None, None)  # type: ignore[arg-type]
@@ -485,3 +485,23 @@ def test_the_workers_traceparent_is_the_requests_own_when_the_core_propagates(mo
 
     messages = asyncio.run(asyncio.wait_for(scenario(), 30))
     assert [(m[1], m[2][2]) for m in messages] == [(1, ""), (2, ""), (3, parent), (4, "")]
+
+
+def test_the_time_the_worker_had_an_infer_request_reaches_the_core_with_it() -> None:
+    """The core times the request (batching delay, queue time, duration) from when the worker had it."""
+    seen: list[int] = []
+
+    class _Recording:
+        async def infer(self, request: InferenceRequest) -> InferenceResponse:
+            seen.append(request.received_ns)
+            return InferenceResponse(request.model_name, "1", [], request.id)
+
+    async def scenario() -> list[tuple]:
+        dispatcher = Dispatcher(_Recording(), None, None)  # type: ignore[arg-type]
+        sent = _Sent()
+        dispatcher.channel = sent  # type: ignore[assignment]
+        dispatcher.on_message((wire.INFER, 1, request_to_wire(InferenceRequest("m", [])), "", 123_456_789))
+        return sent.messages
+
+    messages = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert seen == [123_456_789] and [(m[0], m[1]) for m in messages] == [(wire.RESULT, 1)]

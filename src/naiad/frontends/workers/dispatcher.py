@@ -48,7 +48,7 @@ class Dispatcher:
     def on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == wire.INFER:
-            self._infer(message[1], message[2], message[3])
+            self._infer(message[1], message[2], message[3], message[4])
         elif kind == wire.CANCEL:
             task = self.tasks.pop(message[1], None)
             if task is not None:
@@ -101,13 +101,14 @@ class Dispatcher:
         if self.channel is not None:
             self.channel.send(message)
 
-    def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str) -> None:
+    def _infer(self, request_id: int, wired: tuple[Any, ...], traceparent: str, received_ns: int) -> None:
         """Run an infer request's coroutine (the inference interface's own) now, as run_first_step would
         run a handler wrapping it: a request on an inline model is answered in this turn of the loop, a
         waiting one goes on in the callback of what it waits on (_step). Driving the interface's
         coroutine itself saves the wrapper's frame, closures and context switches (with codec.py's
         shorter messages, ~10k fewer core instructions per add_sub request, callgrind)."""
         request = request_from_wire(wired)
+        request.received_ns = received_ns
         context = contextvars.copy_context()
         if traceparent and propagating():  # (incoming_traceparent's rule, in the request's own context)
             context.run(REMOTE_TRACEPARENT.set, traceparent)

@@ -1,6 +1,7 @@
 """The messages of the worker channel: their kinds, and the parts that do not pickle as they are.
 
-Worker -> core:  (INFER, id, request, traceparent)           a decoded infer request (codec.py's tuple)
+Worker -> core:  (INFER, id, request, traceparent, received) a decoded infer request (codec.py's tuple), and
+                                                              when the worker had it (time.perf_counter_ns)
                  (RELAY, id, scope, body)                     any other HTTP request, run by the core's app
                  (CANCEL, id)                                 the client went away
                  (READY, pid)                                 the worker listens
@@ -49,7 +50,7 @@ GRPC_TAKEN = "t"
 # codec.py's 5-tuple of a plain tensor: (name, datatype, shape, dtype character, bytes)
 _PLAIN_TENSOR = tuple[Any, Any, tuple[Any, ...], Any, Any]
 PLAIN: dict[str, Any] = {
-    INFER: tuple[Any, Any, tuple[Any, Any, Any, list[_PLAIN_TENSOR]], Any],  # (model, version, id, inputs)
+    INFER: tuple[Any, Any, tuple[Any, Any, Any, list[_PLAIN_TENSOR]], Any, int],  # (model, version, id, inputs)
     RESULT: tuple[Any, Any, tuple[Any, Any, Any, Any, list[_PLAIN_TENSOR]]],  # (model, version, id, None, outputs)
 }
 STREAM_WINDOW = 256
