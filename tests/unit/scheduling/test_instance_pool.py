@@ -117,15 +117,21 @@ class Pipelined(Inst):
         return self.room
 
 
+async def _released_while_waited_for(instance: Inst, callers: int) -> tuple[InstancePool, list[asyncio.Future]]:
+    """A pool of `instance`, held while `callers` wait for any instance, then released once."""
+    pool = InstancePool([instance])
+    assert pool.try_acquire() is instance
+    waiting = [asyncio.ensure_future(pool.acquire()) for _ in range(callers)]
+    await _settle()
+    pool.release(instance)
+    await _settle()
+    return pool, waiting
+
+
 def test_a_released_instance_goes_to_as_many_waiters_as_it_takes_at_once_and_is_idle_after_the_last() -> None:
     async def body() -> None:
         worker = Pipelined("m_0", room=3)
-        pool = InstancePool([worker])
-        assert pool.try_acquire() is worker
-        waiting = [asyncio.ensure_future(pool.acquire()) for _ in range(5)]
-        await _settle()
-        pool.release(worker)
-        await _settle()
+        pool, waiting = await _released_while_waited_for(worker, 5)
         # three waiters got it in one go (one hand-over, one turn of the loop), in the order they came
         assert [w.done() for w in waiting] == [True, True, True, False, False]
         assert all(w.result() is worker for w in waiting[:3])
@@ -168,12 +174,7 @@ def test_a_cancelled_caller_among_those_handed_the_instance_at_once_gives_back_o
 def test_an_instance_taking_one_at_a_time_goes_to_one_waiter_at_a_time() -> None:
     async def body() -> None:
         only = Inst("m_0")  # takes_at_once() == 1, as every instance but a pipelined worker
-        pool = InstancePool([only])
-        assert pool.try_acquire() is only
-        waiting = [asyncio.ensure_future(pool.acquire()) for _ in range(3)]
-        await _settle()
-        pool.release(only)
-        await _settle()
+        _, waiting = await _released_while_waited_for(only, 3)
         assert [w.done() for w in waiting] == [True, False, False]
 
     asyncio.run(body())
