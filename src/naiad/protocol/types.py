@@ -58,8 +58,8 @@ class InferenceRequest:
     sequence_id: int | str = 0
     sequence_start: bool = False
     sequence_end: bool = False
-    # When a frontend process took the request in (time.perf_counter_ns; 0: this process did): its queue
-    # time, batching delay and request duration start there, as they would in a single-process server.
+    # When a frontend process handed the request on to this one (time.perf_counter_ns; 0: none did): its
+    # queue time, batching delay and request duration start there, as they start at the read in one process.
     received_ns: int = 0
 
 

@@ -1,7 +1,7 @@
 """The messages of the worker channel: their kinds, and the parts that do not pickle as they are.
 
 Worker -> core:  (INFER, id, request, traceparent, received) a decoded infer request (codec.py's tuple), and
-                                                              when the worker had it (time.perf_counter_ns)
+                                                              when the worker sent it (time.perf_counter_ns)
                  (RELAY, id, scope, body)                     any other HTTP request, run by the core's app
                  (CANCEL, id)                                 the client went away
                  (READY, pid)                                 the worker listens
