@@ -31,7 +31,8 @@ from tests.support.servers import RunningServer, start_server, wait_for_line
 from tests.support.waiting import wait_until
 
 WORKERS = 2
-CONNECTIONS = 16  # fresh connections per check: the kernel spreads them over the workers' sockets
+CONNECTIONS = 16  # fresh connections per check: the core hands them to the workers in turn
+THROUGH_WORKERS = ("--frontend-core-connections", "0")  # the core keeps none: every connection reaches a worker
 _PIDS = re.compile(r"HTTP/REST served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
 _GRPC_PIDS = re.compile(r"gRPC served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
 _RESTARTED = re.compile(r"HTTP/REST frontend worker (\d+) started again \(pid (\d+)\)")
@@ -54,7 +55,7 @@ def _repository(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo = _repository(tmp_path_factory.mktemp("frontend_processes"))
-    with start_server(repo, "--frontend-processes", str(WORKERS), "--model-control-mode", "explicit",
+    with start_server(repo, "--frontend-processes", str(WORKERS), *THROUGH_WORKERS, "--model-control-mode", "explicit",
                       "--load-model", "add_sub", "--load-model", "queued", "--load-model", "queued_grpc",
                       "--load-model", "counter",
                       *GRPC) as running:
@@ -262,7 +263,7 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Path) -> None:
-    with start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), *GRPC) as server:
+    with start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), *THROUGH_WORKERS, *GRPC) as server:
         pids = worker_pids(server)
         grpc_pids = worker_pids(server, _GRPC_PIDS)
         assert len(pids) == WORKERS and len(grpc_pids) == WORKERS
@@ -272,7 +273,7 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Pat
         assert int(restarted.group(1)) == 0 and int(restarted.group(2)) not in pids
         grpc_restarted = wait_for_line(server, _GRPC_RESTARTED)
         assert int(grpc_restarted.group(1)) == 0 and int(grpc_restarted.group(2)) not in grpc_pids
-        for i in range(CONNECTIONS):  # some land on the restarted worker's socket
+        for i in range(CONNECTIONS):  # every worker gets some, the restarted one too
             status, body = call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([i, 0, 0, 0], [1, 1, 1, 1]))
             assert status == 200, body
         for i in range(CONNECTIONS):  # a fresh connection each: some reach the restarted gRPC worker
@@ -318,7 +319,7 @@ def grpc_server(request: pytest.FixtureRequest, server: RunningServer,
         yield server
         return
     repo = _repository(tmp_path_factory.mktemp("frontend_processes_grpcio"))
-    with start_server(repo, "--frontend-processes", str(WORKERS), "--model-control-mode", "explicit",
+    with start_server(repo, "--frontend-processes", str(WORKERS), *THROUGH_WORKERS, "--model-control-mode", "explicit",
                       "--load-model", "add_sub", "--load-model", "queued_grpc", "--load-model", "counter",
                       "--grpc-server-impl", "grpcio") as running:
         yield running

@@ -32,7 +32,8 @@ MAX_MEDIAN_LATENCY = 1.0  # seconds; the idle server answers in milliseconds (th
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
     repo: Path = tmp_path_factory.mktemp("h2_attacks") / "models"
     add_sub_model(repo, "add_sub", datatype="INT32", dims=4)
-    with start_server(repo, "--grpc-server-impl", "naiad", "--frontend-processes", str(request.param)) as running:
+    with start_server(repo, "--grpc-server-impl", "naiad", "--frontend-processes", str(request.param),
+                      "--frontend-core-connections", "0") as running:  # with workers, every connection reaches one
         yield running
 
 

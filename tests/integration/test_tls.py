@@ -105,11 +105,20 @@ def repo(tmp_path_factory):
     return root
 
 
+# every port in the server process, and every connection handed to a frontend worker (its TLS handshake there)
+LAYOUTS = {"one-process": (), "frontend-worker": ("--frontend-processes", "1", "--frontend-core-connections", "0")}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request) -> tuple[str, ...]:
+    return LAYOUTS[request.param]
+
+
 @pytest.fixture(scope="module")
-def tls_server(repo, pki):
+def tls_server(repo, pki, layout):
     """HTTPS and gRPC over TLS, server authentication only."""
     with start_server(
-        repo,
+        repo, *layout,
         "--http-ssl-certfile", str(pki.server_cert), "--http-ssl-keyfile", str(pki.server_key),
         "--grpc-use-ssl=true", "--grpc-server-cert", str(pki.server_cert), "--grpc-server-key", str(pki.server_key),
     ) as server:
@@ -117,10 +126,10 @@ def tls_server(repo, pki):
 
 
 @pytest.fixture(scope="module")
-def mutual_server(repo, pki):
+def mutual_server(repo, pki, layout):
     """HTTPS and gRPC with client certificates required (signed by the test CA)."""
     with start_server(
-        repo,
+        repo, *layout,
         "--http-ssl-certfile", str(pki.server_cert), "--http-ssl-keyfile", str(pki.server_key),
         "--http-ssl-ca-certs", str(pki.ca), "--http-ssl-client-cert-required=true",
         "--grpc-use-ssl-mutual=true", "--grpc-server-cert", str(pki.server_cert),

@@ -75,7 +75,7 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
         command += ["--grpc-server-impl", impl]
     processes = os.environ.get(FRONTEND_PROCESSES_ENV)
     if processes and not any(arg.startswith("--frontend-processes") for arg in extra_args):
-        command += ["--frontend-processes", processes]
+        command += ["--frontend-processes", processes, "--frontend-core-connections", "0"]  # every connection through a worker
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **(env or {}))
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     output: list[str] = []

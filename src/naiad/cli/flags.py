@@ -50,6 +50,7 @@ def _shown_default(value: object) -> str:
 
 
 MAX_FRONTEND_PROCESSES = 64
+MAX_CORE_CONNECTIONS = 1 << 16
 _MENTIONS_DEFAULT = re.compile(r"(?<![-\w])default(?![-\w])", re.IGNORECASE)  # not default-max-batch-size
 
 
@@ -143,6 +144,16 @@ def _process_count(text: str) -> int:
     return value
 
 
+def _connection_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of connections, got '{text}'") from None
+    if not 0 <= value <= MAX_CORE_CONNECTIONS:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_CORE_CONNECTIONS}, got {value}")
+    return value
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     required = parser.add_argument_group("required")
@@ -165,6 +176,10 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         help="serve the HTTP/REST port and the gRPC port from N worker processes each, "
                         "that decode and encode requests and hand them to this process (models, batching, "
                         "statistics, model control stay here, one server); 0 = all in this process (default)")
+    parser.add_argument("--frontend-core-connections", type=_connection_count, default=d.frontend_core_connections,
+                        metavar="K", help="with --frontend-processes: this process serves up to K connections of "
+                        "each port itself (no hop through a worker for a client alone) and hands the others to the "
+                        f"workers; 0 = all to the workers (default: {d.frontend_core_connections})")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
@@ -348,6 +363,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
         frontend_processes=args.frontend_processes,
+        frontend_core_connections=args.frontend_core_connections,
         openai_port=args.openai_port,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,

@@ -27,6 +27,9 @@ class ServerConfig:
     # N >= 1: the HTTP/REST and gRPC ports' protocol work runs in N worker processes each, feeding this
     # one; 0 = in this process
     frontend_processes: int = 0
+    # with frontend processes: connections of each port (Naiad's own servers) the core serves itself
+    # before handing new ones to the workers
+    frontend_core_connections: int = 8
     openai_port: int | None = None  # --openai-port: the /v1 API alone on its own port (it is also under /v1 on HTTP)
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"

@@ -25,33 +25,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def bind_shared_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """`count` listening sockets on one host:port (SO_REUSEPORT; port 0 = a free port for all of them).
-
-    The kernel spreads new connections over them, one socket per frontend worker process; a socket
-    outlives a worker that dies, so the connections queued on it wait for the worker's restart.
-    """
-    infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, socktype, proto, _, address = infos[0]
-    sockets: list[socket.socket] = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(family, socktype, proto)
-            sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-            if family == socket.AF_INET6 and host in ("::", ""):
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(address)
-            address = sock.getsockname()  # the port the first one got, for the others
-            sock.listen(BACKLOG)
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return sockets
-
-
 def reserve_port(host: str, port: int) -> socket.socket:
     """A bound, not listening, SO_REUSEPORT socket holding host:port (port 0 = a free port) for the
     frontend worker processes that bind it too (grpcio with `grpc.so_reuseport`); it accepts nothing."""

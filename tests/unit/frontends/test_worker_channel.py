@@ -16,7 +16,6 @@ from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.infer_codec import decode_infer_request
-from naiad.frontends.sockets import bind_shared_sockets
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
 from naiad.frontends.workers.codec import (
@@ -175,18 +174,6 @@ def test_flat_tensors_come_back_as_read_only_arrays_of_their_dtype_and_shape(arr
     back = tensor_from_wire(wired)
     assert back.dtype == array.dtype and back.shape == array.shape and not back.flags.writeable
     np.testing.assert_array_equal(back, array)
-
-
-def test_shared_sockets_listen_on_one_port() -> None:
-    sockets = bind_shared_sockets("127.0.0.1", 0, 3)
-    try:
-        ports = {sock.getsockname()[1] for sock in sockets}
-        assert len(ports) == 1 and ports != {0}
-        with socket.create_connection(("127.0.0.1", ports.pop()), timeout=10):
-            pass  # accepted into one of the three queues
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def test_a_worker_process_loads_no_model_machinery() -> None:

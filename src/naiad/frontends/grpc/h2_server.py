@@ -13,7 +13,6 @@ import contextlib
 import contextvars
 import ctypes
 import logging
-import socket
 import ssl
 import sys
 from collections.abc import Callable, Iterable
@@ -28,6 +27,7 @@ from naiad.frontends.grpc.guard import Guard
 from naiad.frontends.grpc.h2_connection import H2Connection
 from naiad.frontends.grpc.h2_inflater import Inflater
 from naiad.frontends.grpc.h2_stream import Stream
+from naiad.frontends.handoff import ConnectionServer
 from naiad.frontends.sockets import BACKLOG, bind_socket
 
 logger = logging.getLogger(__name__)
@@ -234,14 +234,11 @@ class H2GrpcServer:
 
     # ------------------------------------------------------------------ listening
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None,
-                    sock: socket.socket | None = None) -> int:
-        """Listen; returns the bound port (0 picks a free one). `sock`: serve this listening socket
-        instead (a frontend worker's share of the port)."""
-        if sock is None:
-            if host.startswith("[") and host.endswith("]"):
-                host = host[1:-1]
-            sock = bind_socket(host, port)
+    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> int:
+        """Listen; returns the bound port (0 picks a free one)."""
+        if host.startswith("[") and host.endswith("]"):
+            host = host[1:-1]
+        sock = bind_socket(host, port)
         try:
             self._listener = await self.loop.create_server(lambda: H2Connection(self), sock=sock, ssl=ssl_context,
                                                            backlog=BACKLOG)
@@ -249,6 +246,10 @@ class H2GrpcServer:
             sock.close()
             raise
         return self._listener.sockets[0].getsockname()[1]
+
+    def connection_server(self, ssl_context: ssl.SSLContext | None) -> ConnectionServer:
+        """What serves a connection accepted elsewhere (handoff.py) on this server, listening or not."""
+        return ConnectionServer(lambda: H2Connection(self), ssl_context, lambda: len(self.connections))
 
     async def stop(self, grace: float) -> None:
         """GOAWAY to every connection, let in-flight calls finish within `grace` seconds, then cancel the rest."""

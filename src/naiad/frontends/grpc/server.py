@@ -109,6 +109,18 @@ async def start_grpcio(config: ServerConfig, host: str, port: int, register: Cal
     return grpc_server, bound
 
 
+def serving_h2_server(server: ServerAPI) -> H2GrpcServer:
+    """Naiad's own gRPC server with the inference and health services of `server` (not listening yet)."""
+    config = server.config
+    h2 = h2_server(config)
+    servicer = InferenceServicer(server, serialized_responses=True)
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, h2)
+    if not config.grpc_header_forward_pattern:  # forwarding adds parameters to the parsed message
+        h2.add_registered_method_handlers(INFERENCE_SERVICE, {"ModelInfer": servicer.serialized_infer_handler()})
+    h2.add_generic_rpc_handlers((health_handler(server),))
+    return h2
+
+
 class GrpcFrontend:
     """The gRPC listener of a Naiad server; runs in the event loop `naiad serve` owns."""
 
@@ -128,12 +140,7 @@ class GrpcFrontend:
     async def _start_naiad(self) -> int:
         config = self._server.config
         context = tls_context(config)
-        h2 = h2_server(config)
-        servicer = InferenceServicer(self._server, serialized_responses=True)
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, h2)
-        if not config.grpc_header_forward_pattern:  # forwarding adds parameters to the parsed message
-            h2.add_registered_method_handlers(INFERENCE_SERVICE, {"ModelInfer": servicer.serialized_infer_handler()})
-        h2.add_generic_rpc_handlers((health_handler(self._server),))
+        h2 = serving_h2_server(self._server)
         try:
             port = await h2.start(self._host, self._port, context)
         except OSError as exc:

@@ -19,6 +19,7 @@ from typing import Any
 import uvicorn
 
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.handoff import ConnectionServer
 from naiad.frontends.http.connection import DEFAULT_MAX_HEADER_BYTES, HttpConnection
 from naiad.frontends.sockets import BACKLOG, bind_socket
 
@@ -58,14 +59,20 @@ class _EmbeddedUvicorn(uvicorn.Server):
         await super().startup(sockets=sockets)
         self.listening.set()
 
+    def new_connection(self) -> asyncio.Protocol:
+        """The protocol of one connection, as uvicorn's own listening sockets make it."""
+        protocol: asyncio.Protocol = self.config.http_protocol_class(  # type: ignore[call-arg]
+            config=self.config, server_state=self.server_state, app_state=self.lifespan.state)
+        return protocol
+
 
 class HttpListener:
     """Serves an ASGI app on host:port within the running loop; `options` are uvicorn.Config settings."""
 
-    def __init__(self, app: Any, host: str, port: int, name: str, sock: socket.socket | None = None,
+    def __init__(self, app: Any, host: str, port: int, name: str, listening: bool = True,
                  **options: Any) -> None:
         self._app = app
-        self._given_socket = sock  # already listening (a frontend worker's share of the port)
+        self._listening = listening  # False: it serves only the connections given to serve_connections()
         self._host = host
         self._port = port
         self._name = name
@@ -76,42 +83,51 @@ class HttpListener:
 
     @classmethod
     def for_server(cls, app: Any, config: ServerConfig, host: str, port: int, name: str,
-                   tls: dict[str, Any] | None = None, sock: socket.socket | None = None) -> HttpListener:
+                   tls: dict[str, Any] | None = None, listening: bool = True) -> HttpListener:
         """The listener every Naiad port uses: its HTTP/1.1 connections with the server's header and body
         timeouts, keep-alive, a graceful stop bounded by --exit-timeout-secs, and `tls` (see tls_options);
-        `sock` is a listening socket to serve instead of binding host:port."""
+        `listening` False: it binds nothing and serves the connections accepted elsewhere (handoff.py)."""
         protocol = HttpConnection.configured(
             max_header_bytes=DEFAULT_MAX_HEADER_BYTES,
             header_timeout=float(config.http_header_timeout_secs),
             body_timeout=float(config.http_body_timeout_secs),
         )
-        return cls(app, host, port, name, sock,
+        return cls(app, host, port, name, listening,
                    http=protocol, ws="none", interface="asgi3", proxy_headers=False,
                    timeout_keep_alive=KEEP_ALIVE_SECS,
                    timeout_graceful_shutdown=max(1, int(config.exit_timeout_secs)),
                    **(tls or {}))
 
     async def start(self) -> int:
-        """Bind and start serving; returns the bound port."""
+        """Bind and start serving; returns the bound port (0 when not listening)."""
         if self._task is not None:
             raise RuntimeError(f"{self._name} already started")
-        self._socket = self._given_socket or bind_socket(self._host, self._port)
-        bound_port = self._socket.getsockname()[1]
+        self._socket = bind_socket(self._host, self._port) if self._listening else None
+        bound_port = self._socket.getsockname()[1] if self._socket is not None else 0
         options: dict[str, Any] = {"lifespan": "off", "access_log": False, "log_config": None,
                                    "server_header": False, "backlog": BACKLOG}
         options.update(self._options)
         self._server = _EmbeddedUvicorn(uvicorn.Config(self._app, **options))
-        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[self._socket]), name=self._name)
+        sockets = [self._socket] if self._socket is not None else []
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=sockets), name=self._name)
         listening = asyncio.ensure_future(self._server.listening.wait())
         done, _ = await asyncio.wait({self._task, listening}, return_when=asyncio.FIRST_COMPLETED)
         if self._task in done:
             listening.cancel()
             error = self._task.exception()
             self._task = None
-            self._socket.close()
-            self._socket = None
+            if self._socket is not None:
+                self._socket.close()
+                self._socket = None
             raise OSError(f"{self._name} failed to start on {self._host}:{bound_port}: {error!r}")
         return bound_port
+
+    def connection_server(self) -> ConnectionServer:
+        """What serves a connection accepted elsewhere on this listener's app, TLS and graceful stop (once started)."""
+        server = self._server
+        if server is None:
+            raise RuntimeError(f"{self._name} is not started")
+        return ConnectionServer(server.new_connection, server.config.ssl, lambda: len(server.server_state.connections))
 
     async def stop(self) -> None:
         """Stop accepting, let in-flight requests finish (bounded by the graceful timeout), close."""

@@ -1,9 +1,8 @@
 """The gRPC port in a frontend worker: ModelInfer decoded here, the rest relayed to the core.
 
-The server is Naiad's own HTTP/2 server on the worker's listening socket (one of N the core binds on
-the port with SO_REUSEPORT), with its per-connection budgets and the guard; or, with
-`--grpc-server-impl grpcio`, grpcio binding the port the core reserved (SO_REUSEPORT too). Both host
-the same handlers (WorkerHandlers).
+The server is Naiad's own HTTP/2 server serving the connections the core hands over (handoff.py),
+with its per-connection budgets and the guard; or, with `--grpc-server-impl grpcio`, grpcio binding
+the port the core reserved (SO_REUSEPORT). Both host the same handlers (WorkerHandlers).
 
 A ModelInfer whose message decodes cleanly becomes an InferenceRequest sent to the core (the infer
 path of the HTTP workers) and its response is encoded here; one laid out like a request seen before
@@ -17,7 +16,6 @@ names) runs here, in front of both.
 from __future__ import annotations
 
 import logging
-import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -30,6 +28,7 @@ from naiad.frontends.grpc.infer_memo import InferDecoder, InferEncoder
 from naiad.frontends.grpc.server import h2_server, start_grpcio, tls_context
 from naiad.frontends.grpc.servicer import DECOUPLED_UNARY_MESSAGE, parse_infer_request
 from naiad.frontends.grpc.status import error_of, status_of
+from naiad.frontends.handoff import ConnectionServer
 from naiad.frontends.security import check_model_name
 from naiad.frontends.workers.channel import UnsendableMessage
 from naiad.frontends.workers.core_client import CoreClient, RelayedStatus
@@ -152,20 +151,18 @@ class GrpcServing(Protocol):
     async def stop(self, grace: float) -> Any: ...
 
 
-async def start_grpc(config: ServerConfig, core: CoreClient, listen: socket.socket | None) -> GrpcServing:
-    """This worker's gRPC server, started: Naiad's own on `listen` (its share of the port, SO_REUSEPORT),
-    or grpcio binding the port the core reserved (`--grpc-server-impl grpcio`, `listen` None)."""
+async def start_grpc(config: ServerConfig, core: CoreClient) -> tuple[GrpcServing, ConnectionServer | None]:
+    """This worker's gRPC server, started, and what serves the connections the core hands over:
+    Naiad's own server (it binds nothing), or grpcio binding the port the core reserved
+    (`--grpc-server-impl grpcio`: no connections are handed over)."""
     handlers = WorkerHandlers(core, config.allow_client_shm)
     if config.grpc_server_impl != "grpcio":
-        if listen is None:
-            raise ValueError("the own gRPC server in a frontend worker serves a listening socket the core binds")
         h2 = h2_server(config)
         h2.add_generic_rpc_handlers((handlers,))
-        await h2.start(config.grpc_address, config.grpc_port, tls_context(config), sock=listen)
-        return h2
+        return h2, h2.connection_server(tls_context(config))
 
     def register(server: grpc.aio.Server) -> None:
         server.add_generic_rpc_handlers((handlers,))
 
     server, _ = await start_grpcio(config, config.grpc_address, config.grpc_port, register, reuse_port=True)
-    return server
+    return server, None

@@ -1,12 +1,13 @@
 """The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 1).
 
-HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds N listening sockets on the port
-(SO_REUSEPORT) and starts one worker per socket. gRPC on grpcio (`--grpc-server-impl grpcio`): the
-core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves to one
-port for all) and each worker's grpcio server binds it too. Each worker has a channel (a unix
-socket pair) to a Dispatcher here. A worker that dies is started again (on the same listening socket,
-when it has one: connections queued there wait for it); stop() asks every worker to drain (SIGTERM), bounded
-by --exit-timeout-secs, then kills what is left.
+HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds the port's one listening socket, accepts,
+serves up to --frontend-core-connections connections itself and hands the others to the workers in
+turn (handoff.py). gRPC on grpcio (`--grpc-server-impl grpcio`): the core reserves the port with one
+bound, not listening, SO_REUSEPORT socket (port 0 resolves to one port for all) and each worker's
+grpcio server binds it too. Each worker has a channel (a unix socket pair) to a Dispatcher here. A
+worker that dies is started again (meanwhile the connections it would get go to the others, or to
+the core); stop() stops accepting, asks every worker to drain (SIGTERM), bounded by
+--exit-timeout-secs, then kills what is left.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import logging
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
@@ -25,10 +27,12 @@ from typing import TYPE_CHECKING
 
 from naiad.config.cpu_placement import place_child
 from naiad.config.server_config import ServerConfig
-from naiad.frontends.grpc.server import server_credentials, tls_context
+from naiad.frontends.grpc.h2_server import H2GrpcServer
+from naiad.frontends.grpc.server import server_credentials, serving_h2_server, tls_context
+from naiad.frontends.handoff import Acceptor, ConnectionServer, handoff_pair
 from naiad.frontends.http.app import HttpApp
-from naiad.frontends.http.listener import tls_options
-from naiad.frontends.sockets import bind_shared_sockets, reserve_port
+from naiad.frontends.http.listener import HttpListener, tls_options
+from naiad.frontends.sockets import bind_socket, reserve_port
 from naiad.frontends.workers.channel import Channel, encode_frame
 from naiad.frontends.workers.dispatcher import Dispatcher
 from naiad.frontends.workers.grpc_relay import GrpcCalls
@@ -46,11 +50,12 @@ KILL_GRACE_SECS = 5.0
 class WorkerProcess:
     """One worker: its process, its channel and the dispatcher answering it."""
 
-    def __init__(self, index: int, protocol: str, listen: socket.socket | None, server: ServerAPI,
+    def __init__(self, index: int, protocol: str, handed: bool, server: ServerAPI,
                  config: ServerConfig, dispatcher: Callable[[Callable[[int], object]], Dispatcher]) -> None:
         self.index = index
         self.protocol = protocol  # "http" or "grpc"
-        self.listen = listen  # None: a grpcio worker (it binds the reserved port itself)
+        self.handed = handed  # serves connections the core hands over; False: a grpcio worker binding the port
+        self.outlet: socket.socket | None = None  # the core's end of its hand-off socket, while it runs
         self.server = server
         self.config = config
         self.make_dispatcher = dispatcher
@@ -65,15 +70,23 @@ class WorkerProcess:
         self.ready = loop.create_future()
         ready = self.ready
         dispatcher = self.make_dispatcher(lambda pid: ready.done() or ready.set_result(pid))
-        fds = (theirs.fileno(),) if self.listen is None else (theirs.fileno(), self.listen.fileno())
+        outlet, handoff = handoff_pair() if self.handed else (None, None)
+        fds = (theirs.fileno(),) if handoff is None else (theirs.fileno(), handoff.fileno())
         try:
             ours.sendall(encode_frame(self.config))  # read by the worker before its loop starts
             self.process = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "naiad.frontends.workers.worker_main",
-                str(theirs.fileno()), str(-1 if self.listen is None else self.listen.fileno()), str(self.index),
+                str(theirs.fileno()), str(-1 if handoff is None else handoff.fileno()), str(self.index),
                 self.protocol, pass_fds=fds)
+        except BaseException:
+            if outlet is not None:
+                outlet.close()
+            raise
         finally:
             theirs.close()
+            if handoff is not None:
+                handoff.close()
+        self.outlet = outlet
         place_child(self.process.pid)
         self.started_at = time.monotonic()
         dispatcher.channel = await Channel.open(ours, dispatcher.on_message)
@@ -91,8 +104,14 @@ class WorkerProcess:
             raise OSError(f"frontend worker {self.index} did not start "
                           + (f"(exit code {code})" if code is not None else f"within {timeout:g} s"))
 
+    def taking_connections(self) -> bool:
+        return self.outlet is not None and self.ready is not None and self.ready.done()
+
     def forget(self) -> None:
-        """After the process ended: fail its requests in flight, close its channel."""
+        """After the process ended: fail its requests in flight, close its channel and hand-off socket."""
+        if self.outlet is not None:
+            self.outlet.close()
+            self.outlet = None
         if self.dispatcher is not None:
             self.dispatcher.cancel_all()
             if self.dispatcher.channel is not None:
@@ -106,8 +125,9 @@ class WorkerProcess:
 
 
 class WorkerPool(abc.ABC):
-    """One endpoint of one server, served by `config.frontend_processes` worker processes; each
-    protocol (WorkerHttpFrontend, WorkerGrpcFrontend) says how its port is bound and its calls dispatched."""
+    """One endpoint of one server, served by `config.frontend_processes` worker processes (and, for
+    the connections it keeps, the core); each protocol (WorkerHttpFrontend, WorkerGrpcFrontend) says
+    how its port is bound and its calls dispatched."""
 
     label = ""
     protocol = ""
@@ -119,12 +139,21 @@ class WorkerPool(abc.ABC):
         self.config: ServerConfig = server.config
         self.workers: list[WorkerProcess] = []
         self._sockets: list[socket.socket] = []
+        self._acceptor: Acceptor | None = None
         self._watchers: list[asyncio.Task[None]] = []
         self._stopping = False
 
     @abc.abstractmethod
-    def _bind(self) -> tuple[list[socket.socket | None], int]:
-        """The socket each worker serves (None: it binds the port itself) and the bound port."""
+    def _bind(self) -> int:
+        """Bind the port (self._sockets[0]: the listening socket, or the port reserved for grpcio); the bound port."""
+
+    @abc.abstractmethod
+    async def _serve_here(self) -> ConnectionServer | None:
+        """Start what serves the connections the core keeps; None: the workers bind the port themselves."""
+
+    @abc.abstractmethod
+    async def _stop_here(self) -> None:
+        """Drain the connections the core serves (bounded by --exit-timeout-secs)."""
 
     @abc.abstractmethod
     def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
@@ -134,16 +163,19 @@ class WorkerPool(abc.ABC):
         return self.config
 
     async def start(self) -> int:
-        """Bind, start every worker and wait until each listens; returns the bound port."""
-        listens, port = self._bind()
+        """Bind, start every worker and wait until each serves; returns the bound port."""
+        port = self._bind()
         try:
             config = self._worker_config(port)
-            self.workers = [WorkerProcess(i, self.protocol, sock, self.server, config, self._dispatcher)
-                            for i, sock in enumerate(listens)]
+            here = await self._serve_here()
+            self.workers = [WorkerProcess(i, self.protocol, here is not None, self.server, config, self._dispatcher)
+                            for i in range(self.config.frontend_processes)]
             for worker in self.workers:
                 await worker.spawn()
             for worker in self.workers:
                 await worker.wait_ready(START_TIMEOUT_SECS)
+            if here is not None:
+                self._acceptor = Acceptor(self._sockets[0], here, self.config.frontend_core_connections, self._outlets)
         except BaseException:
             await self.stop()
             raise
@@ -151,6 +183,9 @@ class WorkerPool(abc.ABC):
         log.info("%s served by %d frontend worker processes (pids %s)", self.label, len(self.workers),
                  ", ".join(str(w.process.pid) for w in self.workers if w.process is not None))
         return port
+
+    def _outlets(self) -> list[socket.socket]:
+        return [worker.outlet for worker in self.workers if worker.outlet is not None and worker.taking_connections()]
 
     async def _watch(self, worker: WorkerProcess) -> None:
         """Start the worker again whenever it ends while the server runs."""
@@ -175,8 +210,12 @@ class WorkerPool(abc.ABC):
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
         self._stopping = True
+        if self._acceptor is not None:
+            self._acceptor.close()
+            self._acceptor = None
         for watcher in self._watchers:
             watcher.cancel()
+        here_drained = asyncio.ensure_future(self._stop_here())
         running = [w for w in self.workers if w.process is not None and w.process.returncode is None]
         for worker in running:
             worker.signal(signal.SIGTERM)
@@ -190,13 +229,15 @@ class WorkerPool(abc.ABC):
                 await asyncio.wait(pending)
         for worker in self.workers:
             worker.forget()
+        await here_drained
         for sock in self._sockets:
             sock.close()
         self._sockets = []
 
 
 class WorkerHttpFrontend(WorkerPool):
-    """The HTTP/REST endpoint: N listening sockets on the port, one per worker."""
+    """The HTTP/REST endpoint: one listening socket; the connections the core keeps are served by the
+    core's own HTTP application, the others by the workers."""
 
     label = "HTTP/REST"
     protocol = "http"
@@ -204,20 +245,31 @@ class WorkerHttpFrontend(WorkerPool):
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         super().__init__(server, host, port)
         config = self.config
-        tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,  # refuse bad TLS settings here, not in N workers
-                    config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
+        self.tls = tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,  # refuse bad TLS settings here, not in N workers
+                               config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
         self.app = HttpApp(server)  # answers what the workers relay, as the HTTP port would without them
+        self._here: HttpListener | None = None
 
-    def _bind(self) -> tuple[list[socket.socket | None], int]:
-        self._sockets = bind_shared_sockets(self.host, self.port, self.config.frontend_processes)
-        return list(self._sockets), self._sockets[0].getsockname()[1]
+    def _bind(self) -> int:
+        self._sockets = [bind_socket(self.host, self.port)]
+        return int(self._sockets[0].getsockname()[1])
+
+    async def _serve_here(self) -> ConnectionServer:
+        self._here = HttpListener.for_server(self.app, self.config, self.host, self.port, "naiad-http",
+                                             tls=self.tls, listening=False)
+        await self._here.start()
+        return self._here.connection_server()
+
+    async def _stop_here(self) -> None:
+        if self._here is not None:
+            await self._here.stop()
 
     def _dispatcher(self, on_ready: Callable[[int], object]) -> Dispatcher:
         return Dispatcher(self.server.inference, self.app, on_ready)
 
 
 class WorkerGrpcFrontend(WorkerPool):
-    """The gRPC endpoint: N listening sockets on the port, one per worker (Naiad's own HTTP/2 server);
+    """The gRPC endpoint: one listening socket, as the HTTP endpoint's (Naiad's own HTTP/2 server);
     with grpcio the core reserves the port and each worker's grpcio server binds it too."""
 
     label = "gRPC"
@@ -226,18 +278,28 @@ class WorkerGrpcFrontend(WorkerPool):
     def __init__(self, server: ServerAPI, host: str, port: int) -> None:
         super().__init__(server, host, port)
         self.grpcio = self.config.grpc_server_impl == "grpcio"
+        self.tls: ssl.SSLContext | None = None
         if self.grpcio:  # refuse bad TLS settings here, not in N workers
             server_credentials(self.config)
         else:
-            tls_context(self.config)
+            self.tls = tls_context(self.config)
         self.calls = GrpcCalls(server)  # runs what the workers relay, as the gRPC port would without them
+        self._here: H2GrpcServer | None = None
 
-    def _bind(self) -> tuple[list[socket.socket | None], int]:
-        if not self.grpcio:
-            self._sockets = bind_shared_sockets(self.host.strip("[]"), self.port, self.config.frontend_processes)
-            return list(self._sockets), self._sockets[0].getsockname()[1]
-        self._sockets = [reserve_port(self.host, self.port)]
-        return [None] * self.config.frontend_processes, self._sockets[0].getsockname()[1]
+    def _bind(self) -> int:
+        host = self.host.strip("[]")
+        self._sockets = [reserve_port(host, self.port) if self.grpcio else bind_socket(host, self.port)]
+        return int(self._sockets[0].getsockname()[1])
+
+    async def _serve_here(self) -> ConnectionServer | None:
+        if self.grpcio:
+            return None
+        self._here = serving_h2_server(self.server)
+        return self._here.connection_server(self.tls)
+
+    async def _stop_here(self) -> None:
+        if self._here is not None:
+            await self._here.stop(self.config.exit_timeout_secs)
 
     def _worker_config(self, port: int) -> ServerConfig:
         return dataclasses.replace(self.config, grpc_port=port)

@@ -1,10 +1,11 @@
 """A frontend worker process: serves its share of the HTTP/REST or gRPC port and hands requests to the core.
 
-Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD LISTEN_FD INDEX PROTOCOL`
-(PROTOCOL `http` or `grpc`: it serves the listening socket LISTEN_FD; LISTEN_FD -1 with `grpc`: grpcio
-binds the gRPC port the core reserved, with SO_REUSEPORT). The first frame on the channel is the ServerConfig. SIGTERM: stop accepting, finish the requests in
-flight, exit. SIGINT is the core's to act on (a terminal's Ctrl-C reaches the whole group). When the
-core goes away, the worker exits.
+Started by pool.py as `python -m naiad.frontends.workers.worker_main CHANNEL_FD HANDOFF_FD INDEX PROTOCOL`
+(PROTOCOL `http` or `grpc`: it serves the connections the core sends over the hand-off socket
+HANDOFF_FD (handoff.py); HANDOFF_FD -1 with `grpc`: grpcio binds the gRPC port the core reserved,
+with SO_REUSEPORT). The first frame on the channel is the ServerConfig. SIGTERM: stop taking
+connections, finish the requests in flight, exit. SIGINT is the core's to act on (a terminal's
+Ctrl-C reaches the whole group). When the core goes away, the worker exits.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from naiad.config.collector import freeze_startup_heap
 from naiad.config.server_config import ServerConfig
+from naiad.frontends.handoff import HandedConnections
 from naiad.frontends.http.listener import HttpListener, tls_options
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, read_frame
@@ -37,32 +39,38 @@ def _configure_logging(config: ServerConfig) -> None:
     install_root_handler(settings)
 
 
-async def _start_http(config: ServerConfig, core: CoreClient, listen_sock: socket.socket,
+async def _start_http(config: ServerConfig, core: CoreClient, handoff: socket.socket,
                       index: int) -> Callable[[], Awaitable[None]]:
     tls = tls_options(config.http_ssl_certfile, config.http_ssl_keyfile,
                       config.http_ssl_ca_certs, config.http_ssl_client_cert_required)
-    listen_sock.setblocking(False)
     listener = HttpListener.for_server(WorkerApp(config, core), config, config.http_address, config.http_port,
-                                       f"naiad-http-worker-{index}", tls=tls, sock=listen_sock)
+                                       f"naiad-http-worker-{index}", tls=tls, listening=False)
     await listener.start()
-    return listener.stop
+    handed = HandedConnections(handoff, listener.connection_server())
+
+    async def stop() -> None:
+        handed.close()
+        await listener.stop()
+
+    return stop
 
 
 async def _start_grpc(config: ServerConfig, core: CoreClient,
-                      listen_sock: socket.socket | None) -> Callable[[], Awaitable[None]]:
+                      handoff: socket.socket | None) -> Callable[[], Awaitable[None]]:
     from naiad.frontends.workers.grpc_worker import start_grpc  # gRPC modules only in the processes serving it
 
-    if listen_sock is not None:
-        listen_sock.setblocking(False)
-    server = await start_grpc(config, core, listen_sock)
+    server, connections = await start_grpc(config, core)
+    handed = HandedConnections(handoff, connections) if handoff is not None and connections is not None else None
 
     async def stop() -> None:
+        if handed is not None:
+            handed.close()
         await server.stop(config.exit_timeout_secs)
 
     return stop
 
 
-async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: socket.socket | None,
+async def serve(config: ServerConfig, channel_sock: socket.socket, handoff: socket.socket | None,
                 index: int, protocol: str) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -70,10 +78,10 @@ async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: 
     core = CoreClient()
     channel = await Channel.open(channel_sock, core.on_message)
     core.channel = channel
-    if protocol == "http" and listen_sock is not None:
-        stop_listening = await _start_http(config, core, listen_sock, index)
+    if protocol == "http" and handoff is not None:
+        stop_listening = await _start_http(config, core, handoff, index)
     else:
-        stop_listening = await _start_grpc(config, core, listen_sock)
+        stop_listening = await _start_grpc(config, core, handoff)
     freeze_startup_heap()  # as `naiad serve` does in the core
     channel.send((wire.READY, os.getpid()))
     stopping = asyncio.ensure_future(stop.wait())
@@ -86,17 +94,17 @@ async def serve(config: ServerConfig, channel_sock: socket.socket, listen_sock: 
 
 
 def main(argv: list[str]) -> int:
-    channel_fd, listen_fd, index = (int(arg) for arg in argv[:3])
+    channel_fd, handoff_fd, index = (int(arg) for arg in argv[:3])
     protocol = argv[3] if len(argv) > 3 else "http"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     channel_sock = socket.socket(fileno=channel_fd)
-    listen_sock = socket.socket(fileno=listen_fd) if listen_fd >= 0 else None
+    handoff = socket.socket(fileno=handoff_fd) if handoff_fd >= 0 else None
     try:
         config: ServerConfig = read_frame(channel_sock)
     except EOFError:
         return 1
     _configure_logging(config)
-    work = serve(config, channel_sock, listen_sock, index, protocol)
+    work = serve(config, channel_sock, handoff, index, protocol)
     try:
         import uvloop
     except ImportError:
