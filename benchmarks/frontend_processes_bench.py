@@ -7,8 +7,8 @@ Naiad runs once per process count, unpinned (`taskset -c` all cores; the gRPC se
 --grpc-server-impl's, Naiad's own by default, in the core or in each worker): all at once, each
 cell alternating between them round by round (so a shared machine's changing load falls on every
 layout alike), or with --one-at-a-time one after the other per repeat. Each run is wrk, or
-load.py's gRPC closed loop (one process, --channels connections: the kernel spreads connections,
-not calls, over the workers), against one model, and reads /proc for the CPU the core process (the
+load.py's gRPC closed loop (one process, --channels connections: connections, not calls, are
+spread over the core and the workers; --core-connections sets how many the core keeps), against one model, and reads /proc for the CPU the core process (the
 one that schedules, batches and runs models; its own threads included, Python-model stubs and
 frontend workers not) spent per request. A row is the median round by throughput (--pick best:
 the fastest); the table gives ratios to the first count.
@@ -65,9 +65,12 @@ def measure(server: servers.RunningServer, model: str, protocol: str, concurrenc
 
 
 def _start(work: Path, matrix: matrix_models.Matrix, cores: str, names: dict[str, str], count: int,
-           grpc_impl: str) -> servers.RunningServer:
+           grpc_impl: str, core_connections: int | None) -> servers.RunningServer:
+    extra = ("--frontend-processes", str(count))
+    if core_connections is not None:
+        extra += ("--frontend-core-connections", str(core_connections))
     server = servers.start_naiad(work, matrix.naiad_repo, cores, list(names.values()), grpc_impl=grpc_impl,
-                                 tag=f"naiad-{count}", extra=("--frontend-processes", str(count)))
+                                 tag=f"naiad-{count}", extra=extra)
     time.sleep(0.5)
     return server
 
@@ -93,7 +96,7 @@ def run_interleaved(args: argparse.Namespace, work: Path, matrix: matrix_models.
     running: dict[int, servers.RunningServer] = {}
     try:
         for count in args.processes:
-            running[count] = _start(work, matrix, cores, names, count, args.grpc_server_impl)
+            running[count] = _start(work, matrix, cores, names, count, args.grpc_server_impl, args.core_connections)
         for cell in _cells(args, names):
             for repeat in range(args.repeats):
                 for count, server in running.items():
@@ -111,7 +114,7 @@ def run_one_at_a_time(args: argparse.Namespace, work: Path, matrix: matrix_model
     for repeat in range(args.repeats):
         for count in args.processes:
             servers.log(f"repeat {repeat + 1}: --frontend-processes {count}")
-            server = _start(work, matrix, cores, names, count, args.grpc_server_impl)
+            server = _start(work, matrix, cores, names, count, args.grpc_server_impl, args.core_connections)
             try:
                 for cell in _cells(args, names):
                     _record(runs, server, count, repeat, cell, args)
@@ -148,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=5.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grpc-server-impl", choices=["naiad", "grpcio"], default="naiad")
+    parser.add_argument("--core-connections", type=int, default=None, metavar="K",
+                        help="--frontend-core-connections K for the runs with workers (default: Naiad's; 0: "
+                        "every connection through a worker)")
     parser.add_argument("--one-at-a-time", action="store_true",
                         help="run the layouts one after the other instead of at once, alternating cell by cell")
     parser.add_argument("--pick", choices=["median", "best"], default="median", help="which round a row reports")

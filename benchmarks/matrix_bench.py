@@ -324,9 +324,12 @@ def tables(report: dict, how: str) -> str:
 
 def naiad_flags(args: argparse.Namespace) -> tuple[str, ...]:
     """Extra `naiad serve` flags the options ask for."""
-    if args.naiad_frontend_processes is None:
-        return ()
-    return ("--frontend-processes", str(args.naiad_frontend_processes))
+    flags: tuple[str, ...] = ()
+    if args.naiad_frontend_processes is not None:
+        flags += ("--frontend-processes", str(args.naiad_frontend_processes))
+    if args.naiad_frontend_core_connections is not None:
+        flags += ("--frontend-core-connections", str(args.naiad_frontend_core_connections))
+    return flags
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -349,6 +352,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--client-core", default="1", help="taskset core list of the load generator")
     parser.add_argument("--naiad-frontend-processes", type=int, default=None, metavar="N",
                         help="pass --frontend-processes N to Naiad (and to the baseline)")
+    parser.add_argument("--naiad-frontend-core-connections", type=int, default=None, metavar="K",
+                        help="pass --frontend-core-connections K to Naiad (and to the baseline)")
     parser.add_argument("--venvs", type=Path, default=os.environ.get("NAIAD_BENCH_VENVS"),
                         help="root of the peer venvs made by setup_peers.sh (default: $NAIAD_BENCH_VENVS)")
     parser.add_argument("--triton-venv", type=Path, default=os.environ.get("TRITON_VENV"),
@@ -416,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     output = args.output or (None if args.check_only else HERE / "results" / f"{when:%Y-%m-%d-%H%M}-matrix.json")
     config = {k: getattr(args, k) for k in ("servers", "models", "variants", "protocols", "concurrency", "rounds",
                                              "duration", "warmup", "pick", "server_core", "client_core", "grpc_impl",
-                                             "naiad_frontend_processes", "grpc_client",
+                                             "naiad_frontend_processes", "naiad_frontend_core_connections", "grpc_client",
                                              "perf_analyzer_stability", "perf_analyzer_max_trials")}
     report: dict = {"when": when.isoformat(timespec="seconds"), "machine": procs.machine_line(),
                     "command": " ".join(["benchmarks/matrix_bench.py", *sys.argv[1:]]), "config": config,

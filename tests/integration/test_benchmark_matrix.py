@@ -128,3 +128,10 @@ def test_sigterm_stops_every_server(tmp_path: Path) -> None:
         os.kill(pid, 0)
     report = json.loads(out.read_text())
     assert report["complete"] is False and report["started"] == ["naiad"]
+
+
+def test_the_frontend_options_reach_naiad_serve_as_its_flags() -> None:
+    naiad_only = ["--servers", "naiad", "--protocols", "http-json"]
+    assert matrix_bench.naiad_flags(matrix_bench.parse_args(naiad_only)) == ()
+    args = matrix_bench.parse_args([*naiad_only, "--naiad-frontend-processes", "1", "--naiad-frontend-core-connections", "0"])
+    assert matrix_bench.naiad_flags(args) == ("--frontend-processes", "1", "--frontend-core-connections", "0")
