@@ -3,7 +3,7 @@
 The core owns a port's one listening socket and accepts every connection (Acceptor). It serves a
 connection itself while it serves fewer than `--frontend-core-connections` of that port's
 connections: a client alone then pays no hop through a worker process (on two CPUs, one HTTP client
-served by the core gets ~1.5x the requests per second a worker relaying it does). Every other
+served by the core gets 1.4-2x the requests per second a worker relaying it does). Every other
 connection goes to the frontend workers in turn, its descriptor sent over the worker's hand-off
 socket (a unix SOCK_SEQPACKET pair; SCM_RIGHTS, one descriptor per message). A worker that is down
 gets none; with no worker up, the core serves them all. In a worker, HandedConnections receives them.
@@ -96,6 +96,8 @@ class Acceptor:
             self._place(conn)
 
     def _place(self, conn: socket.socket) -> None:
+        # (a connection its client has just closed counts until the loop reads that: the count is of
+        # connections the core has not seen end, so it may keep a little fewer than `keep` for a moment)
         if self.here.count() < self.keep or not self._hand(conn):
             conn.setblocking(False)
             self.here.serve(conn)
