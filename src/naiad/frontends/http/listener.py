@@ -72,7 +72,7 @@ class HttpListener:
     def __init__(self, app: Any, host: str, port: int, name: str, listening: bool = True,
                  **options: Any) -> None:
         self._app = app
-        self._listening = listening  # False: it serves only the connections given to serve_connections()
+        self._listening = listening  # False: it serves only the connections handed to its connection_server()
         self._host = host
         self._port = port
         self._name = name
