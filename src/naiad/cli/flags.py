@@ -134,24 +134,22 @@ def missing_repository(args: argparse.Namespace) -> bool:
     return not args.model_repository and not default_repositories(os.environ)
 
 
-def _process_count(text: str) -> int:
+def _whole_number(text: str, what: str, most: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got '{text}'") from None
-    if not 0 <= value <= MAX_FRONTEND_PROCESSES:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_FRONTEND_PROCESSES}, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a whole number of {what}, got '{text}'") from None
+    if not 0 <= value <= most:
+        raise argparse.ArgumentTypeError(f"must be between 0 and {most}, got {value}")
     return value
+
+
+def _process_count(text: str) -> int:
+    return _whole_number(text, "processes", MAX_FRONTEND_PROCESSES)
 
 
 def _connection_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of connections, got '{text}'") from None
-    if not 0 <= value <= MAX_CORE_CONNECTIONS:
-        raise argparse.ArgumentTypeError(f"must be between 0 and {MAX_CORE_CONNECTIONS}, got {value}")
-    return value
+    return _whole_number(text, "connections", MAX_CORE_CONNECTIONS)
 
 
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
