@@ -33,7 +33,7 @@ INFERENCE_SERVICE = "inference.GRPCInferenceService"
 def server_options(max_concurrent_streams: int = 0, max_receive: int = MAX_MESSAGE_LENGTH,
                    reuse_port: bool = False) -> list[tuple[str, Any]]:
     """Channel options: INT32_MAX messages like Triton (received ones up to --grpc-max-message-size), no
-    silent port sharing (SO_REUSEPORT; frontend worker processes share the port on purpose), and the
+    silent port sharing (SO_REUSEPORT; grpcio frontend worker processes share the port on purpose), and the
     per-connection stream cap (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS) when one is set."""
     options: list[tuple[str, Any]] = [
         ("grpc.max_send_message_length", MAX_MESSAGE_LENGTH),
