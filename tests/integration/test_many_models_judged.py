@@ -131,7 +131,11 @@ def test_budget_and_idle_eviction(repo200):
         budget_evicted = [n for n, e in states.items() if e.get("reason") == "unloaded (evicted: memory budget)"]
         assert len(budget_evicted) > COUNT // 2, states  # most models had to make room for later ones
         resident = [n for n, e in states.items() if e.get("state") == "READY"]
-        assert NAMES[-1] in resident and len(resident) < COUNT // 2
+        assert len(resident) < COUNT // 2, resident
+        # the last model served stays, unless usage was still over the budget once every other model was
+        # gone (the process growth the budget measures includes the allocator's and grpcio's: see below)
+        last = states[NAMES[-1]]
+        assert NAMES[-1] in resident or last.get("reason") == "unloaded (evicted: memory budget)", last
         values = metric_values(server)
         # Each model is loaded by its HTTP request; when usage is still over the budget after every
         # other idle model is gone, the budget may take the one just served before its gRPC request
