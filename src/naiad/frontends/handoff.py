@@ -52,18 +52,16 @@ class ConnectionServer:
         self.protocol = protocol
         self.tls = tls
         self.open_connections = open_connections
-        self.opening = 0  # accepted, handshake not done: not in open_connections yet
+        # accepted, not served yet (a TLS handshake): counted, and held here (the loop keeps only weak references)
+        self._opening: set[asyncio.Task[None]] = set()
 
     def serve(self, sock: socket.socket) -> None:
-        self.opening += 1
         task = asyncio.get_running_loop().create_task(serve_accepted(self.protocol, sock, self.tls))
-        task.add_done_callback(self._opened)
-
-    def _opened(self, _: asyncio.Task[None]) -> None:
-        self.opening -= 1
+        self._opening.add(task)
+        task.add_done_callback(self._opening.discard)
 
     def count(self) -> int:
-        return self.open_connections() + self.opening
+        return self.open_connections() + len(self._opening)
 
 
 class Acceptor:
