@@ -21,12 +21,11 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model
-from tests.support.servers import RunningServer, start_server
+from tests.support.process_tree import alive
+from tests.support.servers import RunningServer, frontend_worker_pids, start_server
 from tests.support.waiting import wait_until
 
 STALLED_SECS = 1.0  # how long a request handed to a stopped worker is seen to wait
-_PIDS = {"http": re.compile(r"HTTP/REST served by \d+ frontend worker processes \(pids (\d+)\)"),
-         "grpc": re.compile(r"gRPC served by \d+ frontend worker processes \(pids (\d+)\)")}
 _RESTARTED = re.compile(r"HTTP/REST frontend worker 0 started again")
 
 
@@ -47,14 +46,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
         yield running
 
 
-def worker_pid(server: RunningServer, protocol: str) -> int:
-    for line in server.output:
-        match = _PIDS[protocol].search(line)
-        if match:
-            return int(match.group(1))
-    raise AssertionError("no worker pid in the server's log:\n" + "".join(server.output))
-
-
 @contextlib.contextmanager
 def stopped(pid: int) -> Iterator[None]:
     os.kill(pid, signal.SIGSTOP)
@@ -62,14 +53,6 @@ def stopped(pid: int) -> Iterator[None]:
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:  # a zombie is gone too
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def _request(a: list[int]) -> bytes:
@@ -105,7 +88,7 @@ def test_http_the_first_connection_is_served_by_the_core_and_the_next_by_the_wor
     first = socket.create_connection(("127.0.0.1", server.http_port))
     try:
         assert _exchange(first, [1, 2, 3, 4]) == (200, [2, 3, 4, 5])
-        with stopped(worker_pid(server, "http")):
+        with stopped(frontend_worker_pids(server, "HTTP/REST")[0]):
             assert _exchange(first, [5, 6, 7, 8], timeout=30) == (200, [6, 7, 8, 9])  # the core's own
             second = socket.create_connection(("127.0.0.1", server.http_port))
             second.sendall(_request([9, 9, 9, 9]))
@@ -133,7 +116,7 @@ def _grpc_add_sub(client: grpcclient.InferenceServerClient, a: list[int], timeou
 def test_grpc_the_first_connection_is_served_by_the_core_and_the_next_by_the_worker(server: RunningServer) -> None:
     with _grpc_client(server) as first, _grpc_client(server) as second:
         assert _grpc_add_sub(first, [1, 2, 3, 4]) == [2, 3, 4, 5]
-        with stopped(worker_pid(server, "grpc")):
+        with stopped(frontend_worker_pids(server, "gRPC")[0]):
             assert _grpc_add_sub(first, [5, 6, 7, 8], timeout=30) == [6, 7, 8, 9]  # the core's own
             with pytest.raises(InferenceServerException) as info:  # handed to the stopped worker
                 _grpc_add_sub(second, [9, 9, 9, 9], timeout=STALLED_SECS)
@@ -143,9 +126,9 @@ def test_grpc_the_first_connection_is_served_by_the_core_and_the_next_by_the_wor
 
 def test_with_its_worker_gone_the_core_serves_every_new_connection(tmp_path: Path) -> None:
     with _start(tmp_path, 0) as server:
-        worker = worker_pid(server, "http")
+        worker = frontend_worker_pids(server, "HTTP/REST")[0]
         os.kill(worker, signal.SIGKILL)
-        wait_until(lambda: not _alive(worker), "the worker to be gone")
+        wait_until(lambda: not alive(worker), "the worker to be gone")
         answered_before_restart = 0
         deadline = time.monotonic() + 60
         restarted = False

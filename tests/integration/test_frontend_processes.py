@@ -26,15 +26,14 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model, identity_model
+from tests.support.process_tree import alive
 from tests.support.python_models import write_counter_model
-from tests.support.servers import RunningServer, start_server, wait_for_line
+from tests.support.servers import RunningServer, frontend_worker_pids, start_server, wait_for_line
 from tests.support.waiting import wait_until
 
 WORKERS = 2
 CONNECTIONS = 16  # fresh connections per check: the core hands them to the workers in turn
 THROUGH_WORKERS = ("--frontend-core-connections", "0")  # the core keeps none: every connection reaches a worker
-_PIDS = re.compile(r"HTTP/REST served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
-_GRPC_PIDS = re.compile(r"gRPC served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
 _RESTARTED = re.compile(r"HTTP/REST frontend worker (\d+) started again \(pid (\d+)\)")
 _GRPC_RESTARTED = re.compile(r"gRPC frontend worker (\d+) started again \(pid (\d+)\)")
 GRPC = ("--grpc-server-impl", "naiad")  # the workers' gRPC server, whatever the suite's default
@@ -82,14 +81,6 @@ def success_count(server: RunningServer, model: str) -> int:
     status, body = call(server, "GET", f"/v2/models/{model}/stats")
     assert status == 200, body
     return json.loads(body)["model_stats"][0]["inference_stats"]["success"]["count"]
-
-
-def worker_pids(server: RunningServer, pattern: re.Pattern[str] = _PIDS) -> list[int]:
-    for line in server.output:
-        match = pattern.search(line)
-        if match:
-            return [int(pid) for pid in match.group(1).split(",")]
-    raise AssertionError("no worker pids in the server's log:\n" + "".join(server.output))
 
 
 def test_json_and_binary_infer(server: RunningServer) -> None:
@@ -201,7 +192,7 @@ TWO_CPUS = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sch
 @TWO_CPUS
 def test_worker_processes_keep_off_one_cpu_left_to_the_server_process(server: RunningServer) -> None:
     usable = os.sched_getaffinity(0)
-    frontends = worker_pids(server, _PIDS) + worker_pids(server, _GRPC_PIDS)
+    frontends = frontend_worker_pids(server, "HTTP/REST") + frontend_worker_pids(server, "gRPC")
     models = [pid for pid in _children(server.process.pid) if pid not in frontends]
     assert models, "the counter model's Python worker"
     assert os.sched_getaffinity(server.process.pid) == usable  # the server process (and its threads) anywhere
@@ -253,19 +244,10 @@ def test_system_shared_memory_registered_once_serves_every_worker(server: Runnin
         shm.destroy_shared_memory_region(region)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as stat:  # a zombie is not alive
-        return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Path) -> None:
     with start_server(_repository(tmp_path), "--frontend-processes", str(WORKERS), *THROUGH_WORKERS, *GRPC) as server:
-        pids = worker_pids(server)
-        grpc_pids = worker_pids(server, _GRPC_PIDS)
+        pids = frontend_worker_pids(server, "HTTP/REST")
+        grpc_pids = frontend_worker_pids(server, "gRPC")
         assert len(pids) == WORKERS and len(grpc_pids) == WORKERS
         os.kill(pids[0], signal.SIGKILL)
         os.kill(grpc_pids[0], signal.SIGKILL)
@@ -282,7 +264,7 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Pat
         new_pids = [int(restarted.group(2)), pids[1], int(grpc_restarted.group(2)), grpc_pids[1]]
         assert server.stop() == 0
         for pid in new_pids:  # a clean stop leaves no worker behind
-            assert not _alive(pid)
+            assert not alive(pid)
     assert not any("Traceback" in line for line in server.output), "".join(server.output)
 
 
@@ -299,7 +281,7 @@ def test_one_worker_serves_each_port_beside_the_core_and_zero_serves_them_in_it(
         with start_server(_repository(tmp_path / count), "--frontend-processes", count, "--model-control-mode",
                           "explicit", "--load-model", "add_sub", *GRPC) as server:
             if workers:
-                assert len(worker_pids(server, _PIDS)) == len(worker_pids(server, _GRPC_PIDS)) == workers
+                assert len(frontend_worker_pids(server, "HTTP/REST")) == len(frontend_worker_pids(server, "gRPC")) == workers
             else:
                 assert not any("frontend worker" in line for line in server.output), "".join(server.output)
             status, body = call(server, "POST", "/v2/models/add_sub/infer", add_sub_body([1, 2, 3, 4], [1, 1, 1, 1]))
@@ -347,7 +329,7 @@ def grpc_error(call, *args, **kwargs) -> tuple[str, str]:
 
 
 def test_grpc_infer_metadata_and_statistics_count_every_request(grpc_server: RunningServer) -> None:
-    assert len(worker_pids(grpc_server, _GRPC_PIDS)) == WORKERS  # gRPC is served by the workers
+    assert len(frontend_worker_pids(grpc_server, "gRPC")) == WORKERS  # gRPC is served by the workers
     with grpcclient.InferenceServerClient(grpc_server.grpc_url) as client:
         before = client.get_inference_statistics("add_sub").model_stats[0].inference_stats.success.count
         metadata = client.get_model_metadata("add_sub")

@@ -31,6 +31,14 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether the process runs: a zombie (ended, not yet reaped) does not."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def rss(pid: int) -> int:
     """Resident set size of one process in bytes (0 once it is gone)."""
     try:

@@ -108,6 +108,16 @@ def start_server(repo: Path | str | None, *extra_args: str, timeout: float = 90.
     raise RuntimeError("naiad serve did not start:\n" + "".join(output))
 
 
+def frontend_worker_pids(server: RunningServer, label: str) -> list[int]:
+    """The pids of the frontend worker processes serving `label` ("HTTP/REST" or "gRPC"), from the server's log."""
+    pattern = re.compile(re.escape(label) + r" served by \d+ frontend worker processes \(pids ([\d, ]+)\)")
+    for line in server.output:
+        match = pattern.search(line)
+        if match:
+            return [int(pid) for pid in match.group(1).split(",")]
+    raise AssertionError("no worker pids in the server's log:\n" + "".join(server.output))
+
+
 def wait_for_line(server: RunningServer, pattern: re.Pattern[str] | str, timeout: float = 60.0) -> re.Match[str]:
     """The first match of `pattern` (a regex, or text to find as is) in the server's output, once printed."""
     regex = pattern if isinstance(pattern, re.Pattern) else re.compile(re.escape(pattern))
