@@ -19,6 +19,8 @@ HIGH_WATERMARK, LOW_WATERMARK = 0.95, 0.85
 # After an eviction that did not lower the measured usage, the budget evicts again only once usage
 # has grown by this share of the budget since (new pressure), or has fallen under HIGH_WATERMARK.
 REGROWTH = 0.10
+# How often the rules are checked between loads (more often when the idle time is short).
+CHECK_SECS = 1.0
 
 
 class WorkerProcess(Protocol):
@@ -194,7 +196,7 @@ class ResidencyManager:
             used = after
 
     async def _watch(self) -> None:
-        period = 1.0 if self.idle_unload_secs is None else max(min(self.idle_unload_secs / 4, 1.0), 0.05)
+        period = CHECK_SECS if self.idle_unload_secs is None else max(min(self.idle_unload_secs / 4, CHECK_SECS), 0.05)
         while True:
             await asyncio.sleep(period)
             try:
