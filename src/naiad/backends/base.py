@@ -47,6 +47,9 @@ class ServerServices(Protocol):
 
     def model_ready(self, name: str, version: str = "") -> bool: ...
 
+    @property
+    def inflight_requests(self) -> int: ...
+
 
 @dataclass
 class ModelSource:

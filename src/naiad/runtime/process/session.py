@@ -26,6 +26,7 @@ from naiad.runtime.process import bls
 from naiad.runtime.process.framing import FrameDecoder, encode
 from naiad.runtime.process.launcher import Launch, spawn
 from naiad.runtime.process.outputs import OutputReader
+from naiad.runtime.process.reply_spin import ReplySpin, cpus_beside_the_loop
 from naiad.runtime.process.shm import (
     DEFAULT_BYTE_SIZE,
     GROWTH_BYTE_SIZE,
@@ -156,6 +157,8 @@ class WorkerSession:
         self._reading: asyncio.ReadTransport | None = None
         self._transport: asyncio.WriteTransport | None = None  # sends to the worker
         self._outgoing: list[bytes] = []  # messages sent during this turn of the loop, written at its end
+        self._reply_spin: ReplySpin | None = None  # set at start where the worker can run beside the loop
+        self._spin_for_reply = False  # a batch goes out with this turn's write: wait for it if it is alone
         self._started: asyncio.Future[Any] | None = None
         self._exited = asyncio.Event()
         self.alive = False
@@ -182,7 +185,10 @@ class WorkerSession:
         self._watch_exit(loop, process)
         # A pipe each way (see framing.BlockingChannel); the transports own and close the descriptors.
         reading, writing = open(read_fd, "rb", buffering=0), open(write_fd, "wb", buffering=0)
-        self._reading, _ = await loop.connect_read_pipe(lambda: _Protocol(self), reading)
+        protocol = _Protocol(self)
+        self._reading, _ = await loop.connect_read_pipe(lambda: protocol, reading)
+        if cpus_beside_the_loop():
+            self._reply_spin = ReplySpin(read_fd, protocol.data_received)
         self._transport, _ = await loop.connect_write_pipe(lambda: _WriteEnd(self), writing)
         self._init["prefix"] = self._worker_prefix
         try:
@@ -321,6 +327,16 @@ class WorkerSession:
         transport = self._transport
         if transport is not None and not transport.is_closing():  # else on_lost fails their batches
             transport.write(messages[0] if len(messages) == 1 else b"".join(messages))
+            if self._spin_for_reply:
+                self._spin_for_reply = False
+                self._wait_if_alone()
+
+    def _wait_if_alone(self) -> None:
+        """The batch just written is the server's only request in flight: wait briefly for its reply
+        here rather than in the loop's poll (reply_spin.py)."""
+        spin, services = self._reply_spin, self.services
+        if spin is not None and len(self._batches) == 1 and (services is None or services.inflight_requests <= 1):
+            spin.wait()
 
     def release_peer(self, name: str) -> None:
         """Hand a worker block back (its data was copied out); batched, see schedule_releases."""
@@ -394,6 +410,7 @@ class WorkerSession:
         future = self._loop.create_future()
         self._batches[batch_id] = _Batch(requests, respond, block, future)
         self._write(data)
+        self._spin_for_reply = True
         return future
 
     def finished(self, future: asyncio.Future[Any]) -> asyncio.Future[Any]:
