@@ -33,19 +33,17 @@ def test_a_reply_already_there_is_delivered_at_once(pipe):
     assert delivered == [b"reply"]
 
 
-def test_a_reply_written_during_the_wait_is_delivered(pipe):
+def test_a_reply_written_during_the_wait_is_delivered(pipe, monkeypatch):
     read_fd, write_fd = pipe
     delivered: list[bytes] = []
     spin = ReplySpin(read_fd, delivered.append)
     # Written a little later by another thread; the wait is widened so a busy machine cannot miss it
+    monkeypatch.setattr(reply_spin, "SPIN_SECS", 5.0)
     writer = threading.Timer(0.001, os.write, (write_fd, b"late"))
-    original = reply_spin.SPIN_SECS
-    reply_spin.SPIN_SECS = 5.0
+    writer.start()
     try:
-        writer.start()
         assert spin.wait() is True
     finally:
-        reply_spin.SPIN_SECS = original
         writer.join()
     assert delivered == [b"late"]
 

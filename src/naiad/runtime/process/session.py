@@ -335,7 +335,9 @@ class WorkerSession:
         """The batch just written is the server's only request in flight: wait briefly for its reply
         here rather than in the loop's poll (reply_spin.py)."""
         spin, services = self._reply_spin, self.services
-        if spin is not None and len(self._batches) == 1 and (services is None or services.inflight_requests <= 1):
+        # (alive: once the worker is lost its pipe's descriptor is closed, and its number may be reused)
+        if (spin is not None and self.alive and len(self._batches) == 1
+                and (services is None or services.inflight_requests <= 1)):
             spin.wait()
 
     def release_peer(self, name: str) -> None:
