@@ -1,6 +1,7 @@
 """`--frontend-core-connections K` with `--frontend-processes`: the core serves each port's first K
-connections itself and hands the others to the workers; a stopped worker holds up only the
-connections handed to it, and while no worker is up the core serves every new connection."""
+connections itself and hands the others to the workers, which start once a port first has more than
+K connections open; a stopped worker holds up only the connections handed to it, and while no worker
+is up the core serves every new connection."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import add_sub_model
 from tests.support.process_tree import alive
-from tests.support.servers import RunningServer, frontend_worker_pids, start_server
+from tests.support.servers import RunningServer, frontend_worker_pids, start_server, wait_for_line
 from tests.support.waiting import wait_until
 
 STALLED_SECS = 1.0  # how long a request handed to a stopped worker is seen to wait
@@ -42,8 +43,56 @@ def _start(root: Path, keep: int) -> RunningServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """K=1, its workers started (test_workers_start_when_a_port_first_has_more_than_k_connections)."""
     with _start(tmp_path_factory.mktemp("core_connections"), 1) as running:
+        with _held_http(running, 2), _held_grpc(running, 2):
+            wait_for_line(running, "HTTP/REST served by 1 frontend worker processes")
+            wait_for_line(running, "gRPC served by 1 frontend worker processes")
+        time.sleep(0.5)  # the core has seen those connections close (until then they count against K)
         yield running
+
+
+@contextlib.contextmanager
+def _held_http(server: RunningServer, count: int) -> Iterator[list[socket.socket]]:
+    """`count` HTTP connections open at once, each answered once."""
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(socket.create_connection(("127.0.0.1", server.http_port))) for _ in range(count)]
+        for i, conn in enumerate(conns):
+            assert _exchange(conn, [i, 0, 0, 0]) == (200, [i + 1, 1, 1, 1])
+        yield conns
+
+
+@contextlib.contextmanager
+def _held_grpc(server: RunningServer, count: int) -> Iterator[None]:
+    """`count` gRPC connections open at once, each answered once."""
+    with contextlib.ExitStack() as stack:
+        clients = [stack.enter_context(_grpc_client(server)) for _ in range(count)]
+        for i, client in enumerate(clients):
+            assert _grpc_add_sub(client, [i, 0, 0, 0]) == [i + 1, 1, 1, 1]
+        yield
+
+
+def test_workers_start_when_a_port_first_has_more_than_k_connections(tmp_path: Path) -> None:
+    with _start(tmp_path, 2) as server:
+        assert any("HTTP/REST: 1 frontend worker processes start once more than 2" in line for line in server.output)
+        with _held_http(server, 2):  # K connections: the core serves them, no worker starts
+            time.sleep(0.5)
+            assert not any("served by" in line for line in server.output), "".join(server.output)
+        with _held_http(server, 3):  # one more than K: the workers start (the core answers meanwhile)
+            started = wait_for_line(server, re.compile(r"HTTP/REST served by 1 frontend worker processes \(pids (\d+)\)"))
+        worker = int(started.group(1))
+        assert alive(worker)
+        assert not any("gRPC served by" in line for line in server.output)  # each port starts its own when needed
+        time.sleep(0.5)  # the core has seen those connections close (until then they count against K)
+        with _held_http(server, 2) as kept, stopped(worker):  # from now on the third goes to the worker
+            assert _exchange(kept[0], [7, 0, 0, 0], timeout=30) == (200, [8, 1, 1, 1])  # the core's own
+            handed = socket.create_connection(("127.0.0.1", server.http_port))
+            handed.sendall(_request([9, 9, 9, 9]))
+            handed.settimeout(STALLED_SECS)
+            with pytest.raises(TimeoutError):  # handed to the stopped worker: it waits for it
+                handed.recv(1)
+        assert _response(handed) == (200, [10, 10, 10, 10])  # nothing lost
+        handed.close()
 
 
 @contextlib.contextmanager

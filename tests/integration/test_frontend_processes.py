@@ -204,8 +204,8 @@ def test_worker_processes_keep_off_one_cpu_left_to_the_server_process(server: Ru
 @TWO_CPUS
 def test_an_empty_cpu_list_leaves_the_worker_processes_anywhere(tmp_path: Path) -> None:
     usable = os.sched_getaffinity(0)
-    with start_server(_repository(tmp_path), "--frontend-processes", "1", "--model-control-mode", "explicit",
-                      "--load-model", "counter", *GRPC, env={"NAIAD_WORKER_CPUS": ""}) as running:
+    with start_server(_repository(tmp_path), "--frontend-processes", "1", *THROUGH_WORKERS, "--model-control-mode",
+                      "explicit", "--load-model", "counter", *GRPC, env={"NAIAD_WORKER_CPUS": ""}) as running:
         children = _children(running.process.pid)
         assert len(children) >= 3  # an HTTP worker, a gRPC worker, the counter model's worker
         for pid in children:
@@ -278,8 +278,8 @@ def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
 def test_one_worker_serves_each_port_beside_the_core_and_zero_serves_them_in_it(tmp_path: Path) -> None:
     """1: one worker per port (the layout for two cores); 0: the ports in the server process."""
     for count, workers in (("1", 1), ("0", 0)):
-        with start_server(_repository(tmp_path / count), "--frontend-processes", count, "--model-control-mode",
-                          "explicit", "--load-model", "add_sub", *GRPC) as server:
+        with start_server(_repository(tmp_path / count), "--frontend-processes", count, *THROUGH_WORKERS,
+                          "--model-control-mode", "explicit", "--load-model", "add_sub", *GRPC) as server:
             if workers:
                 assert len(frontend_worker_pids(server, "HTTP/REST")) == len(frontend_worker_pids(server, "gRPC")) == workers
             else:

@@ -13,6 +13,12 @@ from naiad.cli.deploy_flags import (
     deploy_settings,
     vertex_defaults,
 )
+from naiad.config.cpu_placement import (
+    AUTO_FRONTEND_CAP,
+    AUTO_FRONTEND_MIN_CPUS,
+    auto_frontend_processes,
+    usable_cpu_count,
+)
 from naiad.config.server_config import ServerConfig
 
 
@@ -50,6 +56,7 @@ def _shown_default(value: object) -> str:
 
 
 MAX_FRONTEND_PROCESSES = 64
+AUTO = "auto"
 MAX_CORE_CONNECTIONS = 1 << 16
 _MENTIONS_DEFAULT = re.compile(r"(?<![-\w])default(?![-\w])", re.IGNORECASE)  # not default-max-batch-size
 
@@ -144,7 +151,9 @@ def _whole_number(text: str, what: str, most: int) -> int:
     return value
 
 
-def _process_count(text: str) -> int:
+def _process_count(text: str) -> int | str:
+    if text == AUTO:
+        return AUTO
     return _whole_number(text, "processes", MAX_FRONTEND_PROCESSES)
 
 
@@ -170,14 +179,17 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         metavar="SECS", help="close connections whose request headers are not complete within this time")
     parser.add_argument("--http-body-timeout-secs", type=float, default=d.http_body_timeout_secs,
                         metavar="SECS", help="answer 408 when a request body is not complete within this time")
-    parser.add_argument("--frontend-processes", type=_process_count, default=d.frontend_processes, metavar="N",
+    parser.add_argument("--frontend-processes", type=_process_count, default=AUTO, metavar="N",
                         help="serve the HTTP/REST port and the gRPC port from N worker processes each, "
                         "that decode and encode requests and hand them to this process (models, batching, "
-                        "statistics, model control stay here, one server); 0 = all in this process (default)")
+                        "statistics, model control stay here, one server); 0 = all in this process; "
+                        f"auto (default) = 0 below {AUTO_FRONTEND_MIN_CPUS} usable CPUs, else half of them, "
+                        f"at most {AUTO_FRONTEND_CAP}")
     parser.add_argument("--frontend-core-connections", type=_connection_count, default=d.frontend_core_connections,
                         metavar="K", help="with --frontend-processes: this process serves up to K connections of "
                         "each port itself (no hop through a worker for a client alone) and hands the others to the "
-                        f"workers; 0 = all to the workers (default: {d.frontend_core_connections})")
+                        "workers, which start once a port first has more than K connections open; 0 = all to the "
+                        f"workers, started with the server (default: {d.frontend_core_connections})")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
@@ -360,7 +372,8 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         http_max_input_size=args.http_max_input_size,
         http_header_timeout_secs=args.http_header_timeout_secs,
         http_body_timeout_secs=args.http_body_timeout_secs,
-        frontend_processes=args.frontend_processes,
+        frontend_processes=(auto_frontend_processes(usable_cpu_count()) if args.frontend_processes == AUTO
+                            else args.frontend_processes),
         frontend_core_connections=args.frontend_core_connections,
         openai_port=args.openai_port,
         allow_grpc=args.allow_grpc,

@@ -21,6 +21,26 @@ log = logging.getLogger("naiad.config.cpu_placement")
 
 WORKER_CPUS_VARIABLE = "NAIAD_WORKER_CPUS"
 
+# `--frontend-processes auto` (the default): none below this many usable CPUs (on two, one process was
+# faster in every cell measured with the clients on the same CPUs: benchmarks/README.md), else half the
+# usable CPUs, at most AUTO_FRONTEND_CAP, per port.
+AUTO_FRONTEND_MIN_CPUS = 4
+AUTO_FRONTEND_CAP = 8
+
+
+def auto_frontend_processes(usable_cpus: int) -> int:
+    """The frontend worker processes per port `--frontend-processes auto` gives on `usable_cpus` CPUs."""
+    if usable_cpus < AUTO_FRONTEND_MIN_CPUS:
+        return 0
+    return min(usable_cpus // 2, AUTO_FRONTEND_CAP)
+
+
+def usable_cpu_count() -> int:
+    """The CPUs this process may run on (its affinity on Linux, as taskset and container limits set it)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
 
 def children_cpus(usable: set[int], frontend_processes: int) -> set[int] | None:
     """The CPUs for the children, or None to leave them anywhere (no frontend workers, or one CPU)."""

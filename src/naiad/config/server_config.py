@@ -25,10 +25,10 @@ class ServerConfig:
     http_restricted_api: list[str] = field(default_factory=list)  # "<group>[,...]:<key>=<value>" entries
     http_header_forward_pattern: str = ""
     # N >= 1: the HTTP/REST and gRPC ports' protocol work runs in N worker processes each, feeding this
-    # one; 0 = in this process
+    # one; 0 = in this process (`naiad serve` resolves its default, auto, from the usable CPUs)
     frontend_processes: int = 0
     # with frontend processes: connections of each port (Naiad's own servers) the core serves itself
-    # before handing new ones to the workers
+    # before handing new ones to the workers; K >= 1 also starts the workers only once more are open
     frontend_core_connections: int = 8
     openai_port: int | None = None  # --openai-port: the /v1 API alone on its own port (it is also under /v1 on HTTP)
     allow_grpc: bool = True

@@ -1,8 +1,10 @@
 """The HTTP/REST and gRPC ports served by N frontend worker processes each (`--frontend-processes N`, N >= 1).
 
 HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds the port's one listening socket, accepts,
-serves up to --frontend-core-connections connections itself and hands the others to the workers in
-turn (handoff.py). gRPC on grpcio (`--grpc-server-impl grpcio`): the core reserves the port with one
+serves up to --frontend-core-connections K connections itself and hands the others to the workers in
+turn (handoff.py). With K >= 1 the workers start when they are first needed, as the port's open
+connections first pass K (until they are up the core serves every connection): a server that never
+has more than K clients at once runs no worker. gRPC on grpcio (`--grpc-server-impl grpcio`): the core reserves the port with one
 bound, not listening, SO_REUSEPORT socket (port 0 resolves to one port for all) and each worker's
 grpcio server binds it too. Each worker has a channel (a unix socket pair) to a Dispatcher here. A
 worker that dies is started again (meanwhile the connections it would get go to the others, or to
@@ -141,6 +143,7 @@ class WorkerPool(abc.ABC):
         self._sockets: list[socket.socket] = []
         self._acceptor: Acceptor | None = None
         self._watchers: list[asyncio.Task[None]] = []
+        self._starting: asyncio.Task[None] | None = None  # the workers' start, when it waits for the first need
         self._stopping = False
 
     @abc.abstractmethod
@@ -163,29 +166,55 @@ class WorkerPool(abc.ABC):
         return self.config
 
     async def start(self) -> int:
-        """Bind, start every worker and wait until each serves; returns the bound port."""
+        """Bind and serve; the workers are started and waited for here, or at their first need (K >= 1 on a
+        port the core accepts for). Returns the bound port."""
         port = self._bind()
+        keep = self.config.frontend_core_connections
         try:
             config = self._worker_config(port)
             here = await self._serve_here()
             self.workers = [WorkerProcess(i, self.protocol, here is not None, self.server, config, self._dispatcher)
                             for i in range(self.config.frontend_processes)]
-            for worker in self.workers:
-                await worker.spawn()
-            for worker in self.workers:
-                await worker.wait_ready(START_TIMEOUT_SECS)
+            if here is not None and keep > 0:
+                self._acceptor = Acceptor(self._sockets[0], here, keep, self._outlets_on_demand)
+                log.info("%s: %d frontend worker processes start once more than %d of its connections are open",
+                         self.label, len(self.workers), keep)
+                return port
+            await self._start_workers()
             if here is not None:
-                self._acceptor = Acceptor(self._sockets[0], here, self.config.frontend_core_connections, self._outlets)
+                self._acceptor = Acceptor(self._sockets[0], here, keep, self._outlets)
         except BaseException:
             await self.stop()
             raise
+        return port
+
+    async def _start_workers(self) -> None:
+        """Start every worker and wait until each serves; raises OSError when one does not."""
+        for worker in self.workers:
+            await worker.spawn()
+        for worker in self.workers:
+            await worker.wait_ready(START_TIMEOUT_SECS)
         self._watchers = [asyncio.get_running_loop().create_task(self._watch(w)) for w in self.workers]
         log.info("%s served by %d frontend worker processes (pids %s)", self.label, len(self.workers),
                  ", ".join(str(w.process.pid) for w in self.workers if w.process is not None))
-        return port
 
     def _outlets(self) -> list[socket.socket]:
         return [worker.outlet for worker in self.workers if worker.outlet is not None and worker.taking_connections()]
+
+    def _outlets_on_demand(self) -> list[socket.socket]:
+        """The Acceptor asks for outlets only once the core has K connections open: the first time, the
+        workers start (meanwhile the core serves every connection, as with no worker up)."""
+        if self._starting is None and not self._stopping:
+            self._starting = asyncio.get_running_loop().create_task(self._start_on_demand())
+        return self._outlets()
+
+    async def _start_on_demand(self) -> None:
+        try:
+            await self._start_workers()
+        except OSError as exc:  # the core serves the connections meanwhile; each worker is watched and restarted
+            log.error("%s", exc)
+            self._watchers = [asyncio.get_running_loop().create_task(self._watch(w))
+                              for w in self.workers if w.process is not None]
 
     async def _watch(self, worker: WorkerProcess) -> None:
         """Start the worker again whenever it ends while the server runs."""
@@ -213,6 +242,10 @@ class WorkerPool(abc.ABC):
         if self._acceptor is not None:
             self._acceptor.close()
             self._acceptor = None
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
         for watcher in self._watchers:
             watcher.cancel()
         here_drained = asyncio.ensure_future(self._stop_here())
