@@ -4,9 +4,9 @@ HTTP, and gRPC on Naiad's own HTTP/2 server: the core binds the port's one liste
 serves up to --frontend-core-connections K connections itself and hands the others to the workers in
 turn (handoff.py). With K >= 1 the workers start when they are first needed, as the port's open
 connections first pass K (until they are up the core serves every connection): a server that never
-has more than K clients at once runs no worker. gRPC on grpcio (`--grpc-server-impl grpcio`): the core reserves the port with one
-bound, not listening, SO_REUSEPORT socket (port 0 resolves to one port for all) and each worker's
-grpcio server binds it too. Each worker has a channel (a unix socket pair) to a Dispatcher here. A
+has more than K clients at once runs no worker. gRPC on grpcio (`--grpc-server-impl grpcio`): the
+core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves to one
+port for all) and each worker's grpcio server binds it too, from the start. Each worker has a channel (a unix socket pair) to a Dispatcher here. A
 worker that dies is started again (meanwhile the connections it would get go to the others, or to
 the core); stop() stops accepting, asks every worker to drain (SIGTERM), bounded by
 --exit-timeout-secs, then kills what is left.
@@ -211,8 +211,11 @@ class WorkerPool(abc.ABC):
     async def _start_on_demand(self) -> None:
         try:
             await self._start_workers()
-        except OSError as exc:  # the core serves the connections meanwhile; each worker is watched and restarted
-            log.error("%s", exc)
+        except Exception as exc:  # the core serves the connections meanwhile; each worker is watched and restarted
+            if isinstance(exc, OSError):
+                log.error("%s", exc)
+            else:
+                log.exception("%s frontend workers failed to start", self.label)
             self._watchers = [asyncio.get_running_loop().create_task(self._watch(w))
                               for w in self.workers if w.process is not None]
 
