@@ -15,9 +15,10 @@ now and then, and one that got fast again is spun for within MAX_SKIP requests.
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
+
+from naiad.config.cpu_placement import usable_cpu_count
 
 SPIN_SECS = 200e-6
 MAX_SKIP = 1024
@@ -26,9 +27,7 @@ READ_SIZE = 256 * 1024
 
 def cpus_beside_the_loop() -> bool:
     """Whether this process may run on two or more CPUs (else a spin would only delay the worker)."""
-    if sys.platform.startswith("linux"):
-        return len(os.sched_getaffinity(0)) > 1
-    return (os.cpu_count() or 1) > 1
+    return usable_cpu_count() > 1
 
 
 class ReplySpin:
