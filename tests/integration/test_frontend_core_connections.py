@@ -86,13 +86,19 @@ def test_workers_start_when_a_port_first_has_more_than_k_connections(tmp_path: P
         time.sleep(0.5)  # the core has seen those connections close (until then they count against K)
         with _held_http(server, 2) as kept, stopped(worker):  # from now on the third goes to the worker
             assert _exchange(kept[0], [7, 0, 0, 0], timeout=30) == (200, [8, 1, 1, 1])  # the core's own
-            handed = socket.create_connection(("127.0.0.1", server.http_port))
-            handed.sendall(_request([9, 9, 9, 9]))
-            handed.settimeout(STALLED_SECS)
-            with pytest.raises(TimeoutError):  # handed to the stopped worker: it waits for it
-                handed.recv(1)
+            handed = _sent_to_the_stopped_worker(server)
         assert _response(handed) == (200, [10, 10, 10, 10])  # nothing lost
         handed.close()
+
+
+def _sent_to_the_stopped_worker(server: RunningServer) -> socket.socket:
+    """A new connection with a request sent on it, seen to wait: handed to the stopped worker."""
+    conn = socket.create_connection(("127.0.0.1", server.http_port))
+    conn.sendall(_request([9, 9, 9, 9]))
+    conn.settimeout(STALLED_SECS)
+    with pytest.raises(TimeoutError):
+        conn.recv(1)
+    return conn
 
 
 @contextlib.contextmanager
@@ -139,11 +145,7 @@ def test_http_the_first_connection_is_served_by_the_core_and_the_next_by_the_wor
         assert _exchange(first, [1, 2, 3, 4]) == (200, [2, 3, 4, 5])
         with stopped(frontend_worker_pids(server, "HTTP/REST")[0]):
             assert _exchange(first, [5, 6, 7, 8], timeout=30) == (200, [6, 7, 8, 9])  # the core's own
-            second = socket.create_connection(("127.0.0.1", server.http_port))
-            second.sendall(_request([9, 9, 9, 9]))
-            second.settimeout(STALLED_SECS)
-            with pytest.raises(TimeoutError):  # handed to the stopped worker: it waits for it
-                second.recv(1)
+            second = _sent_to_the_stopped_worker(server)
         assert _response(second) == (200, [10, 10, 10, 10])  # nothing lost
         second.close()
     finally:
