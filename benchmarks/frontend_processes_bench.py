@@ -8,9 +8,9 @@ Naiad runs once per process count, unpinned (`taskset -c` all cores; the gRPC se
 cell alternating between them round by round (so a shared machine's changing load falls on every
 layout alike), or with --one-at-a-time one after the other per repeat. Each run is wrk, or
 load.py's gRPC closed loop (one process, --channels connections: connections, not calls, are
-spread over the core and the workers; --core-connections sets how many the core keeps), against one model, and reads /proc for the CPU the core process (the
-one that schedules, batches and runs models; its own threads included, Python-model stubs and
-frontend workers not) spent per request. A row is the median round by throughput (--pick best:
+spread over the core and the workers; --core-connections sets how many the core keeps), against
+one model, and reads /proc for the CPU the core process (the one that schedules, batches and runs
+models; its own threads included, Python-model stubs and frontend workers not) spent per request. A row is the median round by throughput (--pick best:
 the fastest); the table gives ratios to the first count.
 """
 

@@ -79,8 +79,8 @@ def test_workers_start_when_a_port_first_has_more_than_k_connections(tmp_path: P
             time.sleep(0.5)
             assert not any("served by" in line for line in server.output), "".join(server.output)
         with _held_http(server, 3):  # one more than K: the workers start (the core answers meanwhile)
-            started = wait_for_line(server, re.compile(r"HTTP/REST served by 1 frontend worker processes \(pids (\d+)\)"))
-        worker = int(started.group(1))
+            wait_for_line(server, "HTTP/REST served by 1 frontend worker processes")
+        worker = frontend_worker_pids(server, "HTTP/REST")[0]
         assert alive(worker)
         assert not any("gRPC served by" in line for line in server.output)  # each port starts its own when needed
         time.sleep(0.5)  # the core has seen those connections close (until then they count against K)
