@@ -58,6 +58,7 @@ def _shown_default(value: object) -> str:
 MAX_FRONTEND_PROCESSES = 64
 AUTO = "auto"
 MAX_CORE_CONNECTIONS = 1 << 16
+MAX_IDLE_SPIN_US = 10_000  # a poll longer than this would only burn the CPU: the next request is not that close
 _MENTIONS_DEFAULT = re.compile(r"(?<![-\w])default(?![-\w])", re.IGNORECASE)  # not default-max-batch-size
 
 
@@ -161,6 +162,10 @@ def _connection_count(text: str) -> int:
     return _whole_number(text, "connections", MAX_CORE_CONNECTIONS)
 
 
+def _idle_spin_us(text: str) -> int:
+    return _whole_number(text, "microseconds", MAX_IDLE_SPIN_US)
+
+
 def add_serve_flags(parser: argparse.ArgumentParser) -> None:
     d = ServerConfig()
     required = parser.add_argument_group("required")
@@ -190,6 +195,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         "each port itself (no hop through a worker for a client alone) and hands the others to the "
                         "workers, which start once a port first has more than K connections open; 0 = all to the "
                         f"workers, started with the server (default: {d.frontend_core_connections})")
+    parser.add_argument("--idle-spin-us", type=_idle_spin_us, default=d.idle_spin_us, metavar="US",
+                        help="after answering its last request in flight, the server polls for the next one for up "
+                        "to US microseconds instead of sleeping, so a client's next request is read without "
+                        "waiting for the CPU to wake (misses make the polls rarer); 0 = never "
+                        f"(default: {d.idle_spin_us})")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
@@ -375,6 +385,7 @@ def config_from_args(args: argparse.Namespace) -> ServerConfig:
         frontend_processes=(auto_frontend_processes(usable_cpu_count()) if args.frontend_processes == AUTO
                             else args.frontend_processes),
         frontend_core_connections=args.frontend_core_connections,
+        idle_spin_us=args.idle_spin_us,
         openai_port=args.openai_port,
         allow_grpc=args.allow_grpc,
         grpc_address=args.grpc_address,

@@ -24,6 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from naiad.backends.registry import BackendRegistry
 from naiad.config.server_config import ServerConfig
 from naiad.core.facade import InferenceAPI, ModelControlAPI, ServerInfoAPI, SharedMemoryAPI, StreamItem
+from naiad.core.idle_spin import IdleSpin
 from naiad.core.inference_service import InferenceService
 from naiad.core.model_control import ModelControlService
 from naiad.core.model_lifecycle import ModelLifecycle
@@ -95,9 +96,12 @@ class Server:
         """Load models per the control mode. Raises if a model failed and exit_on_error is set.
 
         Requests are served on the event loop this runs on."""
-        self.state.loop = asyncio.get_running_loop()
+        state = self.state
+        state.loop = loop = asyncio.get_running_loop()
+        if self.config.idle_spin_us:
+            state.idle_spin = IdleSpin(loop, lambda: state.inflight > 0, self.config.idle_spin_us * 1e-6)
         try:
-            await self.state.loop.run_in_executor(None, self.models.catalog.check)
+            await loop.run_in_executor(None, self.models.catalog.check)
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
         mode = self.config.model_control_mode

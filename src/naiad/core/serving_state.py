@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from naiad.core.idle_spin import IdleSpin
 from naiad.protocol.errors import unavailable
 
 
@@ -20,6 +21,7 @@ class ServingState:
         # Futures of wait_idle() callers, resolved when inflight drops to 0 (request_done): nothing per
         # request while nobody waits, where an Event was cleared and set around every lone request.
         self.idle_waiters: list[asyncio.Future[None]] = []
+        self.idle_spin: IdleSpin | None = None  # set once the loop runs (Server.start)
 
     def check_serving(self) -> None:
         if self.exiting or not self.live:
@@ -35,8 +37,11 @@ class ServingState:
     def request_done(self) -> None:
         """One request left: when it was the last one in flight, wake whoever waits in wait_idle()."""
         self.inflight -= 1
-        if not self.inflight and self.idle_waiters:
-            waiters, self.idle_waiters = self.idle_waiters, []
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
+        if not self.inflight:
+            if self.idle_spin is not None:
+                self.idle_spin.start()
+            if self.idle_waiters:
+                waiters, self.idle_waiters = self.idle_waiters, []
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
