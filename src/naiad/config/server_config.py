@@ -32,7 +32,7 @@ class ServerConfig:
     frontend_core_connections: int = 8
     # after answering its last request in flight, the event loop polls for the next one for up to this
     # long instead of sleeping (core/idle_spin.py); 0 = never
-    idle_spin_us: int = 150
+    idle_spin_us: int = 500
     openai_port: int | None = None  # --openai-port: the /v1 API alone on its own port (it is also under /v1 on HTTP)
     allow_grpc: bool = True
     grpc_address: str = "0.0.0.0"

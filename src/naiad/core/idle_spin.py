@@ -8,10 +8,12 @@ virtual CPU by the hypervisor), which costs more than the wait. Turning the loop
 request" in benchmarks/README.md.
 
 Only while no request is in flight (a spin never takes the CPU from a model's worker busy with one),
-for at most the spin's window after the last answer (--idle-spin-us), and yielding the CPU at every turn to any other process
-ready to run on it (a client on the same CPU is not delayed). A spin that ends without a request makes
-the next ones rarer (1, 2, 4 ... up to MAX_SKIP idle moments are let by), so an idle or sporadically
-used server spins now and then, and a busy one again within MAX_SKIP answers.
+for at most the spin's window after the last answer (--idle-spin-us), and yielding the CPU at every
+turn to any other process ready to run on it (a client on the same CPU is not delayed). A spin that
+ends without a request doubles how many idle moments are let by before the next one (1, 2, 4 ... up to
+MAX_SKIP); one that sees a request halves it. So the server keeps spinning only while most of its
+spins catch a request (a closed-loop client), and one whose requests come at random, mostly later
+than the window, spins now and then.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class IdleSpin:
         """The server just became idle: spin for the next request (unless a recent miss says not to)."""
         if self._spinning:
             # a request came and went during the spin (answered in the turn that read it): a hit
-            self._backoff = 0
+            self._backoff //= 2
             self._deadline = time.perf_counter() + self._window
             return
         if self._skip:
@@ -57,7 +59,7 @@ class IdleSpin:
     def _turn(self) -> None:
         if self._busy():
             self._spinning = False
-            self._backoff = 0
+            self._backoff //= 2
             return
         if time.perf_counter() < self._deadline:
             os.sched_yield()

@@ -13,8 +13,8 @@ def _config(*flags: str) -> ServerConfig:
     return config_from_args(build_parser().parse_args(["serve", "--model-repository", "/models", *flags]))
 
 
-def test_the_server_polls_150_us_by_default_and_zero_turns_it_off() -> None:
-    assert _config().idle_spin_us == 150 == ServerConfig().idle_spin_us
+def test_the_server_polls_500_us_by_default_and_zero_turns_it_off() -> None:
+    assert _config().idle_spin_us == 500 == ServerConfig().idle_spin_us
     assert _config("--idle-spin-us", "0").idle_spin_us == 0
     assert _config(f"--idle-spin-us={MAX_IDLE_SPIN_US}").idle_spin_us == MAX_IDLE_SPIN_US
 

@@ -48,7 +48,7 @@ async def _the_loop_reads_a_socket_while_it_spins_and_a_request_ends_the_spin() 
     assert busy[0], "the loop did not read the socket during the spin"
     assert took < 2.5, f"the spin went on {took:.3f} s after the request came"
     busy[0] = False
-    spin.start()  # a hit leaves no backoff: the next idle moment spins again
+    spin.start()  # a hit leaves no skip: the next idle moment spins again
     assert spin.spinning
     busy[0] = True
     await _until_still(spin)
@@ -95,29 +95,54 @@ async def _the_skip_after_misses_stops_growing_at_its_cap() -> None:
     assert gaps[10:] == [MAX_SKIP] * 4
 
 
-def test_a_request_answered_during_the_spin_renews_its_window_and_clears_the_backoff() -> None:
-    asyncio.run(_a_request_answered_during_the_spin_renews_its_window_and_clears_the_backoff())
+def test_a_request_answered_during_the_spin_renews_its_window() -> None:
+    asyncio.run(_a_request_answered_during_the_spin_renews_its_window())
 
 
-async def _a_request_answered_during_the_spin_renews_its_window_and_clears_the_backoff() -> None:
+async def _a_request_answered_during_the_spin_renews_its_window() -> None:
     spin = IdleSpin(asyncio.get_running_loop(), lambda: False, window_secs=0.5)
     spin.start()
-    await _until_still(spin)  # a miss: the next idle moment is let by
-    spin.start()
-    assert not spin.spinning
-    spin.start()
-    assert spin.spinning
     await asyncio.sleep(0.02)
     renewed = time.perf_counter()
     spin.start()  # a request came and was answered within a turn: the server is idle again
     assert spin.spinning
     await _until_still(spin)
     assert time.perf_counter() - renewed >= 0.5, "the window did not start again"
-    # that spin saw a request: its own miss starts the backoff from 1 again
-    assert [spin.start() or spin.spinning for _ in range(2)] == [False, True]
 
 
-@pytest.mark.parametrize(("spin_us", "present"), [(150, True), (0, False)])
+def test_a_hit_halves_the_skip_a_miss_doubles_it() -> None:
+    asyncio.run(_a_hit_halves_the_skip_a_miss_doubles_it())
+
+
+async def _a_hit_halves_the_skip_a_miss_doubles_it() -> None:
+    busy = [False]
+    spin = IdleSpin(asyncio.get_running_loop(), lambda: busy[0], window_secs=1e-6)
+
+    async def spin_once(hit: bool) -> int:
+        """Idle moments let by before the next spin, and that spin caught a request or not."""
+        skipped = 0
+        spin.start()
+        while not spin.spinning:
+            skipped += 1
+            spin.start()
+        busy[0] = hit
+        await _until_still(spin)
+        busy[0] = False
+        return skipped
+
+    assert [await spin_once(False) for _ in range(4)] == [0, 1, 2, 4]  # skip now 8
+    assert await spin_once(True) == 8  # a hit: 8 -> 4
+    assert await spin_once(False) == 0  # a miss: 4 -> 8
+    assert await spin_once(True) == 8  # 8 -> 4
+    assert await spin_once(True) == 0  # 4 -> 2
+    assert await spin_once(True) == 0  # 2 -> 1
+    assert await spin_once(True) == 0  # 1 -> 0
+    assert await spin_once(False) == 0  # a miss: 0 -> 1
+    assert await spin_once(True) == 1  # and a client that mostly hits is spun for at every idle moment again
+    assert [await spin_once(True) for _ in range(3)] == [0, 0, 0]
+
+
+@pytest.mark.parametrize(("spin_us", "present"), [(500, True), (0, False)])
 def test_the_server_spins_unless_told_not_to(tmp_path, spin_us: int, present: bool) -> None:
     with Server(model_repository=str(tmp_path), idle_spin_us=spin_us) as server:
         assert (server.state.idle_spin is not None) is present
