@@ -21,7 +21,7 @@ class ServingState:
         # Futures of wait_idle() callers, resolved when inflight drops to 0 (request_done): nothing per
         # request while nobody waits, where an Event was cleared and set around every lone request.
         self.idle_waiters: list[asyncio.Future[None]] = []
-        self.idle_spin: IdleSpin | None = None  # set once the loop runs (Server.start)
+        self.idle_spin: IdleSpin | None = None  # made by Server.startup() unless --idle-spin-us is 0
 
     def check_serving(self) -> None:
         if self.exiting or not self.live:
@@ -35,7 +35,8 @@ class ServingState:
             await waiter
 
     def request_done(self) -> None:
-        """One request left: when it was the last one in flight, wake whoever waits in wait_idle()."""
+        """One request left: when it was the last one in flight, poll for the next one (IdleSpin) and wake
+        whoever waits in wait_idle()."""
         self.inflight -= 1
         if not self.inflight:
             if self.idle_spin is not None:
