@@ -20,6 +20,7 @@ from naiad.config.cpu_placement import (
     usable_cpu_count,
 )
 from naiad.config.server_config import ServerConfig
+from naiad.core.idle_spin import SERVE_WINDOW_US
 
 
 def parse_size(text: str) -> int:
@@ -195,11 +196,11 @@ def add_serve_flags(parser: argparse.ArgumentParser) -> None:
                         "each port itself (no hop through a worker for a client alone) and hands the others to the "
                         "workers, which start once a port first has more than K connections open; 0 = all to the "
                         f"workers, started with the server (default: {d.frontend_core_connections})")
-    parser.add_argument("--idle-spin-us", type=_idle_spin_us, default=d.idle_spin_us, metavar="US",
+    parser.add_argument("--idle-spin-us", type=_idle_spin_us, default=SERVE_WINDOW_US, metavar="US",
                         help="after answering its last request in flight, the server polls for the next one for up "
                         "to US microseconds instead of sleeping, so a client's next request is read without "
                         "waiting for the CPU to wake (misses make the polls rarer); 0 = never "
-                        f"(default: {d.idle_spin_us})")
+                        f"(default: {SERVE_WINDOW_US})")
     parser.add_argument("--openai-port", type=int, default=d.openai_port, metavar="PORT",
                         help="also serve the OpenAI-compatible API (/v1) alone on this port, on --http-address "
                         "(0 = free port; default: off, /v1 is on the HTTP port anyway)")
