@@ -1,5 +1,6 @@
-"""The poll for the next request once the server is idle: it keeps the loop serving I/O, ends on a request
-or at its window, and a miss spaces out the next ones."""
+"""The poll for the next request once the server is idle: started when the last request in flight ends, it
+keeps the loop serving I/O, ends on a request or at its window; a miss spaces out the next ones, a hit
+brings them closer."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 from naiad.core.idle_spin import MAX_SKIP, IdleSpin
 from naiad.core.server import Server
+from naiad.core.serving_state import ServingState
 
 
 async def _until_still(spin: IdleSpin, limit: float = 10.0) -> float:
@@ -146,3 +148,20 @@ async def _a_hit_halves_the_skip_a_miss_doubles_it() -> None:
 def test_the_server_spins_unless_told_not_to(tmp_path, spin_us: int, present: bool) -> None:
     with Server(model_repository=str(tmp_path), idle_spin_us=spin_us) as server:
         assert (server.state.idle_spin is not None) is present
+
+
+def test_the_last_request_in_flight_ending_starts_the_spin_and_no_other_does() -> None:
+    asyncio.run(_the_last_request_in_flight_ending_starts_the_spin_and_no_other_does())
+
+
+async def _the_last_request_in_flight_ending_starts_the_spin_and_no_other_does() -> None:
+    state = ServingState()
+    spin = IdleSpin(asyncio.get_running_loop(), lambda: state.inflight > 0, window_secs=5.0)
+    state.idle_spin = spin
+    state.inflight = 2
+    state.request_done()
+    assert not spin.spinning  # one request is still in flight
+    state.request_done()
+    assert spin.spinning
+    state.inflight += 1  # the next request comes
+    await _until_still(spin)
