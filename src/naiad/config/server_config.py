@@ -32,7 +32,7 @@ class ServerConfig:
     frontend_core_connections: int = 8
     # after answering its last request in flight, the event loop polls for the next one for up to this
     # long instead of sleeping (core/idle_spin.py); 0 = never. `naiad serve` defaults to 500 us; 0 here, for a
-    # server made in code, whose caller's threads would share the interpreter's lock with the polling loop
+    # server made in code: called from the program's own threads it served as many requests either way
     idle_spin_us: int = 0
     openai_port: int | None = None  # --openai-port: the /v1 API alone on its own port (it is also under /v1 on HTTP)
     allow_grpc: bool = True
