@@ -6,10 +6,10 @@ turn (handoff.py). With K >= 1 the workers start when they are first needed, as 
 connections first pass K (until they are up the core serves every connection): a server that never
 has more than K clients at once runs no worker. gRPC on grpcio (`--grpc-server-impl grpcio`): the
 core reserves the port with one bound, not listening, SO_REUSEPORT socket (port 0 resolves to one
-port for all) and each worker's grpcio server binds it too, from the start. Each worker has a channel (a unix socket pair) to a Dispatcher here. A
-worker that dies is started again (meanwhile the connections it would get go to the others, or to
-the core); stop() stops accepting, asks every worker to drain (SIGTERM), bounded by
---exit-timeout-secs, then kills what is left.
+port for all) and each worker's grpcio server binds it too, from the start. Each worker has a
+channel (a unix socket pair) to a Dispatcher here. A worker that dies is started again (meanwhile the
+connections it would get go to the others, or to the core); stop() stops accepting, asks every worker
+to drain (SIGTERM), bounded by --exit-timeout-secs, then kills what is left.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ class WorkerPool(abc.ABC):
             await worker.spawn()
         for worker in self.workers:
             await worker.wait_ready(START_TIMEOUT_SECS)
-        self._watchers = [asyncio.get_running_loop().create_task(self._watch(w)) for w in self.workers]
+        self._watch_started()
         log.info("%s served by %d frontend worker processes (pids %s)", self.label, len(self.workers),
                  ", ".join(str(w.process.pid) for w in self.workers if w.process is not None))
 
@@ -216,8 +216,12 @@ class WorkerPool(abc.ABC):
                 log.error("%s", exc)
             else:
                 log.exception("%s frontend workers failed to start", self.label)
-            self._watchers = [asyncio.get_running_loop().create_task(self._watch(w))
-                              for w in self.workers if w.process is not None]
+            self._watch_started()
+
+    def _watch_started(self) -> None:
+        """Watch every worker that was started (all of them after a start that went through)."""
+        self._watchers = [asyncio.get_running_loop().create_task(self._watch(w))
+                          for w in self.workers if w.process is not None]
 
     async def _watch(self, worker: WorkerProcess) -> None:
         """Start the worker again whenever it ends while the server runs."""
