@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 import socket
+import struct
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.infer_codec import decode_infer_request
+from naiad.frontends.workers import channel as channel_module
 from naiad.frontends.workers import wire
 from naiad.frontends.workers.channel import Channel, UnsendableMessage, encode_frame, read_frame
 from naiad.frontends.workers.codec import (
@@ -113,6 +115,56 @@ def test_plain_infers_and_results_arrive_as_the_tuples_a_pickle_gives_back() -> 
     assert type(received[2][2][3][0][2][0]) is np.int64  # (the pickled one kept its type)
     assert request_from_wire(received[0][2]).inputs[1].data.tolist() == [1, -1]
     assert response_from_wire(received[1][2]).outputs[0].data.shape == (1, 16)
+
+
+def test_a_turn_that_goes_on_sending_writes_once_its_first_message_waited_long_enough(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The messages of one turn go out in one write at its end, unless the turn goes on sending: once
+    the first unwritten one waited FLUSH_AFTER_NS, what is there is written at once (the peer can start
+    on it), and the rest still arrive, in order, at the turn's end."""
+    now = [0]
+    monkeypatch.setattr(channel_module, "_clock_ns", lambda: now[0])
+    result = (wire.RESULT, 1, wire_response(InferenceResponse("m", "1", []))[0])
+
+    async def scenario() -> tuple[bytes, bytes, bytes, list[object]]:
+        ours, theirs = socket.socketpair()
+        theirs.setblocking(False)
+        sender = await Channel.open(ours, lambda message: None)
+        sender.send_plain(result)
+        now[0] += channel_module.FLUSH_AFTER_NS - 1
+        sender.send_plain(result)
+        quick = _available(theirs)  # not yet: the first message waited just under the limit
+        now[0] += 1
+        sender.send_plain(result)
+        early = _available(theirs)  # all three, in this turn
+        sender.send_plain(result)
+        sender.send((wire.CANCEL, 9))
+        held = _available(theirs)  # a new first message: held for the turn's end
+        await asyncio.sleep(0)
+        rest = _available(theirs)
+        sender.close()
+        received: list[object] = []
+        into, out_of = socket.socketpair()
+        receiver = await Channel.open(out_of, received.append)
+        into.sendall(early + rest)
+        while len(received) < 5:
+            await asyncio.sleep(0.01)
+        into.close()
+        receiver.close()
+        return quick, early, held, received
+
+    quick, early, held, received = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert quick == b"" and held == b""
+    assert early.startswith(struct.pack("<I", len(early) - 4))  # one frame: the run of three results
+    expected = [result] * 4 + [(wire.CANCEL, 9)]
+    assert received == [pickle.loads(pickle.dumps(message, protocol=5)) for message in expected]
+
+
+def _available(sock: socket.socket) -> bytes:
+    try:
+        return sock.recv(1 << 20)
+    except BlockingIOError:
+        return b""
 
 
 def test_only_the_short_forms_of_plain_tensors_are_plain() -> None:

@@ -17,6 +17,7 @@ import asyncio
 import pickle
 import socket
 import struct
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -36,6 +37,13 @@ _DECODERS = {ord(kind): msgspec.msgpack.Decoder(kind_type).decode for kind, kind
 _RUNS = {ord(kind) | 0x80: msgspec.msgpack.Decoder(list[kind_type]).decode  # type: ignore[valid-type]
          for kind, kind_type in PLAIN.items()}
 MAX_FRAME = (1 << 32) - 1
+# A turn of the loop that goes on sending (a worker decoding the requests of 24 connections read at once,
+# the core answering a batch of them) writes what it has once its first message waited this long: the
+# peer starts on them while the rest are made. Python add_sub batched over HTTP at c=32, one worker per
+# port on two CPUs: 16-18k req/s, against 13.6-16k writing only at the turn's end (30-200 us all did
+# about as well).
+FLUSH_AFTER_NS = 100_000
+_clock_ns = time.perf_counter_ns
 _FIRST_BUFFER = 1 << 16
 _KEPT_BUFFER = 1 << 20
 _COPIED = 1 << 16  # frames shorter than this are copied out of the buffer to be unpickled
@@ -84,6 +92,7 @@ class Channel(asyncio.BufferedProtocol):
         self._run: list[bytes] = []  # the encoded plain messages of one kind sent last, not framed yet
         self._run_kind = 0
         self._run_size = 0
+        self._first_ns = 0
         self._buffer = bytearray(_FIRST_BUFFER)
         self._filled = 0
 
@@ -109,8 +118,9 @@ class Channel(asyncio.BufferedProtocol):
     def send(self, message: Any) -> None:
         """Queue one message (dropped when the peer is gone); UnsendableMessage when it cannot be framed.
 
-        The frames of one turn of the event loop go out in one write: a write per message costs a
-        system call and a wake-up of the peer each, the largest part of a request's cost here."""
+        The frames of one turn of the event loop go out in one write (at its end, or once the first of them
+        waited FLUSH_AFTER_NS): a write per message costs a system call and a wake-up of the peer each,
+        the largest part of a request's cost here."""
         # encode_frame written out, the length and the message queued apart (joined once per write)
         try:
             payload = _dumps(message, 5)
@@ -123,9 +133,10 @@ class Channel(asyncio.BufferedProtocol):
             self._close_run()
         outgoing = self._outgoing
         if not outgoing:
-            self._loop.call_soon(self._flush)
+            self._flush_soon()
         outgoing.append(_pack_length(size))
         outgoing.append(payload)
+        self._flush_if_late()
 
     def send_plain(self, message: tuple[Any, ...]) -> None:
         """send() for a message of wire.PLAIN's type for its kind (message[0]): it arrives as that type."""
@@ -148,10 +159,20 @@ class Channel(asyncio.BufferedProtocol):
                 run = self._run
         else:
             if not self._outgoing:
-                self._loop.call_soon(self._flush)
+                self._flush_soon()
             self._run_kind = kind
         run.append(payload)
         self._run_size += size
+        self._flush_if_late()
+
+    def _flush_soon(self) -> None:
+        """The first message since the last write: it goes out at the end of this turn at the latest."""
+        self._first_ns = _clock_ns()
+        self._loop.call_soon(self._flush)
+
+    def _flush_if_late(self) -> None:
+        if _clock_ns() - self._first_ns >= FLUSH_AFTER_NS:
+            self._flush()  # (the flush already scheduled then finds nothing to write)
 
     def _close_run(self) -> None:
         """The run of plain messages as one frame: the message itself, or their array. (A flush is due: the
@@ -172,6 +193,8 @@ class Channel(asyncio.BufferedProtocol):
         if self._run:
             self._close_run()
         frames, self._outgoing = self._outgoing, []
+        if not frames:
+            return
         if self._transport is not None and not self._transport.is_closing():
             self._transport.write(b"".join(frames))
 
