@@ -190,15 +190,16 @@ TWO_CPUS = pytest.mark.skipif(not hasattr(os, "sched_getaffinity") or len(os.sch
 
 
 @TWO_CPUS
-def test_worker_processes_keep_off_one_cpu_left_to_the_server_process(server: RunningServer) -> None:
+def test_frontend_workers_keep_off_one_cpu_left_to_the_server_process(server: RunningServer) -> None:
     usable = os.sched_getaffinity(0)
     frontends = frontend_worker_pids(server, "HTTP/REST") + frontend_worker_pids(server, "gRPC")
     models = [pid for pid in _children(server.process.pid) if pid not in frontends]
-    assert models, "the counter model's Python worker"
-    assert os.sched_getaffinity(server.process.pid) == usable  # the server process (and its threads) anywhere
-    for pid in frontends + models:
+    assert frontends and models, "the frontend workers and the counter model's Python worker"
+    for pid in frontends:
         assert os.sched_getaffinity(pid) == usable - {min(usable)}, pid
-    assert any("worker processes run on CPUs" in line for line in server.output)
+    for pid in [server.process.pid, *models]:  # the server process (and its threads), a model's worker: anywhere
+        assert os.sched_getaffinity(pid) == usable, pid
+    assert any("frontend workers run on CPUs" in line for line in server.output)
 
 
 @TWO_CPUS
@@ -210,7 +211,7 @@ def test_an_empty_cpu_list_leaves_the_worker_processes_anywhere(tmp_path: Path) 
         assert len(children) >= 3  # an HTTP worker, a gRPC worker, the counter model's worker
         for pid in children:
             assert os.sched_getaffinity(pid) == usable, pid
-        assert not any("worker processes run on CPUs" in line for line in running.output)
+        assert not any("frontend workers run on CPUs" in line for line in running.output)
 
 
 def test_system_shared_memory_registered_once_serves_every_worker(server: RunningServer) -> None:

@@ -171,7 +171,7 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
     # Before any model loads: its worker processes start on these CPUs too.
     worker_cpus = reserve_core_cpu(os.environ, config.frontend_processes)
     if worker_cpus:
-        log.info("worker processes run on CPUs %s (%s), the server process on every CPU", worker_cpus, WORKER_CPUS_VARIABLE)
+        log.info("frontend workers run on CPUs %s (%s), the server process and model workers on every CPU", worker_cpus, WORKER_CPUS_VARIABLE)
     signals = _Signals(server)
     try:
         await signals.unless_forced(server.startup())

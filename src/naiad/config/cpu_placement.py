@@ -1,13 +1,15 @@
-"""Which CPUs Naiad's child processes run on: with frontend workers, one CPU is left to the core process.
+"""Which CPUs Naiad's frontend workers run on: one CPU is left to the core process.
 
-Left to the kernel, a frontend worker, the core process and a Python model's worker (each waking the
-next) tend to be run on one CPU while another one idles, and the core process's CPU per request bounds
-the whole server. So with `--frontend-processes N` on two or more usable CPUs the children (frontend
-workers, Python-model and process-instance workers) keep off the lowest one, which the core process
-then mostly has to itself; the core process itself stays free on every CPU (its backend threads
-included). The list travels in the environment variable below, so that it is set once, is inherited
-as it is, and a user can choose it: `naiad serve` sets it unless it is set already, and an empty value
-leaves the children wherever the kernel puts them.
+Left to the kernel, a frontend worker and the core process (each waking the other) tend to be run on one
+CPU while another one idles, and the core process's CPU per request bounds the whole server. So with
+`--frontend-processes N` on two or more usable CPUs the frontend workers keep off the lowest one, which
+the core process then mostly has to itself; the core process itself stays free on every CPU (its backend
+threads included), and so do Python-model and process-instance workers: a model's worker runs while the
+core waits for its answer, and kept off the core's CPU it took the frontend worker's (Python add_sub
+batched over HTTP at c=32, one worker per port on two CPUs: 16.7-18.1k req/s with the model's worker
+free, 14.6-15.3k with it beside the frontend worker). The list travels in the environment variable
+below, so that it is set once, is inherited as it is, and a user can choose it: `naiad serve` sets it
+unless it is set already, and an empty value leaves the frontend workers wherever the kernel puts them.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def usable_cpu_count() -> int:
 
 
 def children_cpus(usable: set[int], frontend_processes: int) -> set[int] | None:
-    """The CPUs for the children, or None to leave them anywhere (no frontend workers, or one CPU)."""
+    """The CPUs for the frontend workers, or None to leave them anywhere (no frontend workers, or one CPU)."""
     if frontend_processes < 1 or len(usable) < 2:
         return None
     return usable - {min(usable)}
@@ -59,8 +61,8 @@ def parse_cpus(text: str) -> set[int]:
 
 
 def reserve_core_cpu(environ: MutableMapping[str, str], frontend_processes: int) -> str | None:
-    """Set the children's CPUs in `environ` (the server's own environment, at start) unless it names them
-    already; returns the list the children get, None when they are left anywhere."""
+    """Set the frontend workers' CPUs in `environ` (the server's own environment, at start) unless it names
+    them already; returns the list they get, None when they are left anywhere."""
     if WORKER_CPUS_VARIABLE not in environ and sys.platform.startswith("linux"):
         cpus = children_cpus(os.sched_getaffinity(0), frontend_processes)
         if cpus is not None:
@@ -69,8 +71,8 @@ def reserve_core_cpu(environ: MutableMapping[str, str], frontend_processes: int)
 
 
 def place_child(pid: int) -> None:
-    """Run a just-started child on the children's CPUs, if the server has some (before it starts threads:
-    they inherit its CPUs)."""
+    """Run a just-started frontend worker on the listed CPUs, if the server has some (before it starts
+    threads: they inherit its CPUs)."""
     text = os.environ.get(WORKER_CPUS_VARIABLE)
     if not text or not sys.platform.startswith("linux"):
         return

@@ -16,7 +16,6 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 import naiad.runtime.process as _package
 import triton_python_backend_utils as _pb_utils
-from naiad.config.cpu_placement import place_child
 from naiad.config.model_config import ConfigError, parameter
 
 MODEL_DIRECTORY_VARIABLE = "$$TRITON_MODEL_DIRECTORY"
@@ -146,5 +145,4 @@ def spawn(launch: Launch) -> tuple[subprocess.Popen[bytes], int, int]:
     finally:
         for fd in theirs:
             os.close(fd)
-    place_child(process.pid)
     return process, ours[0], ours[1]
