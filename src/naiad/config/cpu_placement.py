@@ -44,7 +44,7 @@ def usable_cpu_count() -> int:
     return os.cpu_count() or 1
 
 
-def children_cpus(usable: set[int], frontend_processes: int) -> set[int] | None:
+def frontend_worker_cpus(usable: set[int], frontend_processes: int) -> set[int] | None:
     """The CPUs for the frontend workers, or None to leave them anywhere (no frontend workers, or one CPU)."""
     if frontend_processes < 1 or len(usable) < 2:
         return None
@@ -64,13 +64,13 @@ def reserve_core_cpu(environ: MutableMapping[str, str], frontend_processes: int)
     """Set the frontend workers' CPUs in `environ` (the server's own environment, at start) unless it names
     them already; returns the list they get, None when they are left anywhere."""
     if WORKER_CPUS_VARIABLE not in environ and sys.platform.startswith("linux"):
-        cpus = children_cpus(os.sched_getaffinity(0), frontend_processes)
+        cpus = frontend_worker_cpus(os.sched_getaffinity(0), frontend_processes)
         if cpus is not None:
             environ[WORKER_CPUS_VARIABLE] = ",".join(map(str, sorted(cpus)))
     return environ.get(WORKER_CPUS_VARIABLE) or None
 
 
-def place_child(pid: int) -> None:
+def place_frontend_worker(pid: int) -> None:
     """Run a just-started frontend worker on the listed CPUs, if the server has some (before it starts
     threads: they inherit its CPUs)."""
     text = os.environ.get(WORKER_CPUS_VARIABLE)

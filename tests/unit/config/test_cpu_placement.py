@@ -1,4 +1,4 @@
-"""Which CPUs the server's child processes run on (naiad/config/cpu_placement.py)."""
+"""Which CPUs the server's frontend workers run on (naiad/config/cpu_placement.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,22 @@ import sys
 import pytest
 
 from naiad.config import cpu_placement
-from naiad.config.cpu_placement import WORKER_CPUS_VARIABLE, children_cpus, parse_cpus, place_child, reserve_core_cpu
+from naiad.config.cpu_placement import (
+    WORKER_CPUS_VARIABLE,
+    frontend_worker_cpus,
+    parse_cpus,
+    place_frontend_worker,
+    reserve_core_cpu,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="CPU affinity is Linux's")
 
 
-def test_children_keep_off_the_lowest_cpu_only_with_frontend_workers_on_two_or_more() -> None:
-    assert children_cpus({0, 1}, 1) == {1}
-    assert children_cpus({2, 3, 5}, 4) == {3, 5}
-    assert children_cpus({0, 1}, 0) is None  # everything in one process: nothing to keep apart
-    assert children_cpus({3}, 2) is None  # one CPU: nowhere else to go
+def test_frontend_workers_keep_off_the_lowest_cpu_only_when_there_are_some_on_two_or_more_cpus() -> None:
+    assert frontend_worker_cpus({0, 1}, 1) == {1}
+    assert frontend_worker_cpus({2, 3, 5}, 4) == {3, 5}
+    assert frontend_worker_cpus({0, 1}, 0) is None  # everything in one process: nothing to keep apart
+    assert frontend_worker_cpus({3}, 2) is None  # one CPU: nowhere else to go
 
 
 def test_cpu_lists_are_read_as_taskset_writes_them() -> None:
@@ -42,12 +48,12 @@ def test_the_server_sets_the_list_once_and_keeps_a_users(monkeypatch: pytest.Mon
 
 
 @linux_only
-def test_a_child_is_placed_on_the_listed_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_frontend_worker_is_placed_on_the_listed_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
     target = min(os.sched_getaffinity(0))
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         monkeypatch.setenv(WORKER_CPUS_VARIABLE, str(target))
-        place_child(child.pid)
+        place_frontend_worker(child.pid)
         assert os.sched_getaffinity(child.pid) == {target}
     finally:
         child.kill()
@@ -63,7 +69,7 @@ def test_a_list_that_cannot_be_applied_is_a_warning_not_a_failure(monkeypatch: p
         for bad in ("4096", "x"):  # a CPU this machine does not have; not a list
             monkeypatch.setenv(WORKER_CPUS_VARIABLE, bad)
             with caplog.at_level(logging.WARNING, logger="naiad.config.cpu_placement"):
-                place_child(child.pid)
+                place_frontend_worker(child.pid)
             assert os.sched_getaffinity(child.pid) == before
         assert sum("could not run process" in record.getMessage() for record in caplog.records) == 2
     finally:
@@ -71,6 +77,6 @@ def test_a_list_that_cannot_be_applied_is_a_warning_not_a_failure(monkeypatch: p
         child.wait()
 
 
-def test_without_a_list_a_child_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_list_a_frontend_worker_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(WORKER_CPUS_VARIABLE, raising=False)
-    place_child(-1)  # never looked at: no list, no call
+    place_frontend_worker(-1)  # never looked at: no list, no call

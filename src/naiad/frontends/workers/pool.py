@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from naiad.config.cpu_placement import place_child
+from naiad.config.cpu_placement import place_frontend_worker
 from naiad.config.server_config import ServerConfig
 from naiad.frontends.grpc.h2_server import H2GrpcServer
 from naiad.frontends.grpc.server import server_credentials, serving_h2_server, tls_context
@@ -89,7 +89,7 @@ class WorkerProcess:
             if handoff is not None:
                 handoff.close()
         self.outlet = outlet
-        place_child(self.process.pid)
+        place_frontend_worker(self.process.pid)
         self.started_at = time.monotonic()
         dispatcher.channel = await Channel.open(ours, dispatcher.on_message)
         self.dispatcher = dispatcher
