@@ -269,6 +269,21 @@ def test_a_killed_worker_is_restarted_and_the_server_keeps_serving(tmp_path: Pat
     assert not any("Traceback" in line for line in server.output), "".join(server.output)
 
 
+def test_a_signal_to_the_whole_process_group_stops_the_workers_without_starting_them_again(tmp_path: Path) -> None:
+    """`kill -TERM -PGID` or a service manager stopping every process of the server: the workers drain
+    and exit with the core, which does not replace them meanwhile."""
+    with start_server(_repository(tmp_path), "--frontend-processes", "1", *THROUGH_WORKERS, *GRPC) as server:
+        workers = frontend_worker_pids(server, "HTTP/REST") + frontend_worker_pids(server, "gRPC")
+        for pid in [server.process.pid, *workers]:
+            os.kill(pid, signal.SIGTERM)
+        assert server.process.wait(60) == 0
+        for pid in workers:
+            assert not alive(pid)
+    output = "".join(server.output)
+    assert "starting it again" not in output and "started again" not in output, output
+    assert '"stopped"' in output, output
+
+
 def test_flag_refuses_a_bad_count(tmp_path: Path) -> None:
     for bad in ("-1", "65", "many"):
         with pytest.raises(RuntimeError) as info:

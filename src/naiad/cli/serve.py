@@ -199,6 +199,10 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
 
 async def _shutdown(server: Server, frontends: list) -> None:
     server.begin_shutdown()
+    for frontend in frontends:  # frontend worker pools: no worker is started again while in-flight requests end
+        begin_stop = getattr(frontend, "begin_stop", None)
+        if begin_stop is not None:
+            begin_stop()
     await server.shutdown()
     for frontend in reversed(frontends):
         await frontend.stop()

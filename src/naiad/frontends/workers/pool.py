@@ -243,6 +243,11 @@ class WorkerPool(abc.ABC):
             else:
                 log.info("%s frontend worker %d started again (pid %d)", self.label, worker.index, worker.process.pid)
 
+    def begin_stop(self) -> None:
+        """The server began shutting down: from now on no worker is started, or started again when it
+        exits (a signal sent to the server's whole process group stops the workers too)."""
+        self._stopping = True
+
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
         self._stopping = True
