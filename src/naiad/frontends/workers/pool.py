@@ -250,7 +250,7 @@ class WorkerPool(abc.ABC):
 
     async def stop(self) -> None:
         """Every worker drains its connections (bounded by --exit-timeout-secs) and exits."""
-        self._stopping = True
+        self.begin_stop()
         if self._acceptor is not None:
             self._acceptor.close()
             self._acceptor = None
