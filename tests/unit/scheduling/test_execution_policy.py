@@ -160,6 +160,18 @@ def _item(value: float) -> WorkItem:
     return WorkItem({"X": np.full((1, 1), value, np.float32)}, ["Y"], 1, request=InferenceRequest(model_name="m", inputs=[]))
 
 
+async def _execute_until_inline(runner: DirectScheduler | DynamicBatcher, model: ThreadRecorder) -> None:
+    """Cheap executions until one runs on the loop's thread. About 12 bring the starting average under the
+    threshold; the bound leaves room for a busy machine, where an execution can now and then be charged
+    a few milliseconds of its thread's CPU (a garbage collection, a page fault) and delay the moment."""
+    loop_thread = threading.get_ident()
+    for value in range(300):
+        assert (await runner.enqueue(_item(value % 8))).outputs["Y"][0, 0] == value % 8
+        if model.threads[-1] == loop_thread:
+            return
+    pytest.fail("300 cheap executions and none ran on the event loop")
+
+
 @pytest.mark.parametrize("scheduler", ["direct", "dynamic zero delay"])
 def test_a_slow_inline_execution_sends_the_model_back_to_its_thread(scheduler: str) -> None:
     """End to end through a scheduler: cheap executions run on the loop's thread; one over the cap
@@ -175,9 +187,7 @@ def test_a_slow_inline_execution_sends_the_model_back_to_its_thread(scheduler: s
         runner = (DirectScheduler(pool, stats, True, policy) if scheduler == "direct"
                   else DynamicBatcher(pool, stats, 8, mc.ModelDynamicBatching(), inline=policy))
         try:
-            for value in range(30):
-                assert (await runner.enqueue(_item(value % 8))).outputs["Y"][0, 0] == value % 8
-            assert model.threads[-1] == loop_thread  # measured cheap: now inline
+            await _execute_until_inline(runner, model)  # measured cheap: now inline
             assert (await runner.enqueue(_item(9))).outputs["Y"][0, 0] == 9
             assert model.threads[-1] == loop_thread and policy.suspensions == 1
             # 60 executions: enough for the average alone to fall back under the threshold (about 35).
@@ -203,9 +213,7 @@ def test_an_inline_execution_that_waits_goes_back_to_the_thread_by_its_average_w
         policy = InlinePolicy(InlineSettings(threshold_ns=100_000, cap_ns=200 * MS), "m")
         runner = DirectScheduler(pool, ModelStatistics("m", "1"), True, policy)
         try:
-            for value in range(30):
-                await runner.enqueue(_item(value % 8))
-            assert model.threads[-1] == loop_thread
+            await _execute_until_inline(runner, model)
             await runner.enqueue(_item(10))
             assert model.threads[-1] == loop_thread and policy.suspensions == 0
             await runner.enqueue(_item(1))
