@@ -168,7 +168,7 @@ async def _serve(config: ServerConfig, changed: list[tuple[str, str]], notices: 
     _log_settings_table(changed)
     for warning in warnings:
         log.warning("%s", warning)
-    # Before any model loads: its worker processes start on these CPUs too.
+    # In the environment before any child starts: frontend workers read their CPUs from it (model workers are not placed).
     worker_cpus = reserve_core_cpu(os.environ, config.frontend_processes)
     if worker_cpus:
         log.info("frontend workers run on CPUs %s (%s), the server process and model workers on every CPU", worker_cpus, WORKER_CPUS_VARIABLE)
